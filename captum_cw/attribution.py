@@ -1,0 +1,341 @@
+"""Captum attributors: contribution weights and the attention baselines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+from captum.attr import Attribution
+from torch import Tensor, nn
+
+from captum_cw.architectures import AttentionLayer, find_attention_layers
+from captum_cw.geometry import HeadGeometry
+from captum_cw.scan import ModelInputs, prepare_inputs, resolve_positions, scan_geometry
+
+__all__ = [
+    "ContributionWeights",
+    "AttentionWeights",
+    "ValueWeightedAttention",
+    "OutputNormalizedAttention",
+    "ContributionFactors",
+]
+
+class ContributionFactors(NamedTuple):
+    r"""The three factors of ``cw = attention * relative_norm * cosine``, each
+    ``(batch, n_layers, n_heads, n_query, n_key)``."""
+
+    attention: Tensor
+    relative_norm: Tensor
+    cosine: Tensor
+
+
+def _count_heads(layer: AttentionLayer) -> int:
+    module = layer.attention
+    for name in ("num_attention_heads", "num_heads"):
+        value = getattr(module, name, None)
+        if isinstance(value, int):
+            return value
+    return module.config.num_attention_heads
+
+
+def _selection(selected: int | Sequence[int] | None, size: int, what: str) -> list[int]:
+    if selected is None:
+        return list(range(size))
+    indices = [selected] if isinstance(selected, int) else list(selected)
+    if not indices:
+        raise ValueError(f"The {what} selection is empty; pass None for all {size} {what}s.")
+    for index in indices:
+        if not isinstance(index, int) or not -size <= index < size:
+            raise ValueError(f"{what} {index!r} is out of range: the model has {size} {what}s (0..{size - 1}).")
+    resolved = [index % size for index in indices]
+    if len(set(resolved)) != len(resolved):
+        raise ValueError(f"The {what} selection {indices} names a {what} twice.")
+    return resolved
+
+
+class _AttentionGeometryAttribution(Attribution):
+    metric: ClassVar[str]
+    head_reduction: ClassVar[str] = "mean"
+    completeness: ClassVar[str | None] = None  # "per_head", "over_heads" or None
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: int | Sequence[int] | None = None,
+        heads: int | Sequence[int] | None = None,
+        chunk_size: int = 256,
+    ) -> None:
+        super().__init__(model)
+        self.model = model
+        self.attention_layers = find_attention_layers(model)
+        self.n_heads = _count_heads(self.attention_layers[0])
+        self.layers = _selection(layers, len(self.attention_layers), "layer")
+        self.heads = _selection(heads, self.n_heads, "head")
+        self.chunk_size = chunk_size
+
+    def has_convergence_delta(self) -> bool:
+        return self.completeness is not None
+
+    @property
+    def _input_device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _prepare(self, inputs, attention_mask, additional_forward_args, query_positions):
+        model_inputs, positional = prepare_inputs(inputs, attention_mask, additional_forward_args, self._input_device)
+        if model_inputs.is_text:
+            resolve_positions(query_positions, model_inputs.main.shape[1])  # validates before the forward pass
+        return model_inputs, positional
+
+    def _scan(
+        self,
+        model_inputs: ModelInputs,
+        positional: tuple[Any, ...],
+        query_positions: Sequence[int] | Tensor | None,
+        on_chunk,
+    ) -> None:
+        layers = [self.attention_layers[index] for index in self.layers]
+        seen: set[int] = set()
+
+        def record(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
+            seen.add(k)
+            on_chunk(k, rows, geometry)
+
+        scan_geometry(self.model, layers, model_inputs, positional, query_positions, record, self.chunk_size)
+        if len(seen) != len(layers):
+            missing = [self.layers[k] for k in range(len(layers)) if k not in seen]
+            raise ValueError(
+                f"Layers {missing} did not run attention through transformers' attention interface, so no "
+                "attention weights could be captured; load the model with attn_implementation='eager' or 'sdpa'."
+            )
+
+    def _completeness_gap(self, geometry: HeadGeometry, metric: Tensor) -> Tensor:
+        r"""Largest ``|row sum - 1|`` per example over the rows where the identity applies: ``(batch,)``."""
+        active = geometry.alpha.sum(-1) > 0  # [batch, head, row]
+        if self.completeness == "per_head":
+            sums = metric.sum(-1)
+            if self.metric == "cw_intra":
+                active &= geometry.head_output_norms.squeeze(-1) > 0
+        else:
+            sums = metric.sum((1, 3))  # [batch, row]
+            active = active.any(1) & (geometry.layer_output_norms.view(sums.shape) > 0)
+        return torch.where(active, (sums - 1).abs(), 0.0).flatten(1).amax(1)
+
+    def _allocate(self, metric: Tensor, query_positions, per_head: bool, device: torch.device) -> dict[str, Tensor]:
+        batch, n = metric.shape[0], metric.shape[-1]
+        rows = resolve_positions(query_positions, n).to(device)
+        slot_of_row = torch.full((n,), -1, dtype=torch.long, device=device)
+        slot_of_row[rows] = torch.arange(len(rows), device=device)
+        heads = (len(self.heads),) if per_head else ()
+        return {
+            "out": torch.zeros((batch, len(self.layers), *heads, len(rows), n), device=device),
+            "gap": torch.zeros(batch, device=device),
+            "slot_of_row": slot_of_row,
+        }
+
+    def attribute(
+        self,
+        inputs: Tensor | Mapping[str, Any],
+        attention_mask: Tensor | None = None,
+        additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
+        query_positions: Sequence[int] | Tensor | None = None,
+        per_head: bool = False,
+        return_convergence_delta: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        r"""
+        Scores of every selected layer, head and query row over all keys.
+
+        Args:
+            inputs (Tensor or BatchEncoding): token ids ``(batch, n)`` or, for vision
+                        models, pixel values ``(batch, channels, height, width)``.
+                        A tokenizer's ``BatchEncoding`` (or any dict with
+                        ``input_ids``/``pixel_values``) is accepted; its other
+                        entries are passed to the model.
+            attention_mask (Tensor, optional): ``(batch, n)`` with 1 for real tokens
+                        and 0 for padding (left or right). Padded keys and the rows
+                        of padded queries are exactly 0 in the result.
+                        Default: None (taken from ``inputs`` if it is a dict)
+            additional_forward_args (dict or tuple, optional): extra arguments for
+                        the model: a dict is passed as keyword arguments, a tuple
+                        positionally after ``inputs``.
+                        Default: None
+            query_positions (Sequence[int] or Tensor, optional): the query rows to
+                        attribute (negative counts from the end). Only these rows
+                        are computed, in chunks, so attributing the last position
+                        of a long input costs O(n) memory per head.
+                        Default: None (all n rows)
+            per_head (bool, optional): keep the head dimension instead of
+                        aggregating the selected heads (sum for inter-head
+                        contribution weights, mean for the other metrics).
+                        Default: False
+            return_convergence_delta (bool, optional): also return the completeness
+                        gap. Only for metrics whose rows sum to 1 (attention and
+                        contribution weights); the others raise a ValueError.
+                        Default: False
+
+        Returns:
+            *Tensor* or (*Tensor*, *Tensor*):
+            - **attributions** (*Tensor*): ``(batch, n_layers, n_heads, n_query, n_key)``
+                        if ``per_head`` else ``(batch, n_layers, n_query, n_key)``,
+                        layers and heads in the order selected, query rows in the
+                        order of ``query_positions``, float32 whatever the model's
+                        dtype, on the device of the model's first parameter.
+            - **delta** (*Tensor*, returned if return_convergence_delta=True):
+                        ``(batch,)``, the largest deviation of a row sum from 1
+                        (summed over all heads of a layer for inter-head
+                        contribution weights, per head otherwise) over the selected
+                        layers and the rows where the identity applies (not
+                        padding, output norm not 0).
+        """
+        if return_convergence_delta and not self.has_convergence_delta():
+            raise ValueError(
+                f"{type(self).__name__} has no completeness identity (its rows do not sum to 1), so it has no "
+                "convergence delta; call attribute() with return_convergence_delta=False."
+            )
+        model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
+        device = model_inputs.main.device
+        heads = torch.tensor(self.heads)
+        state: dict[str, Tensor] = {}
+
+        def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
+            metric = geometry.metric(self.metric)  # [batch, head, row, key]
+            if "out" not in state:
+                state.update(self._allocate(metric, query_positions, per_head, device))
+            if return_convergence_delta:
+                state["gap"] = torch.maximum(state["gap"], self._completeness_gap(geometry, metric).to(device))
+            selected = metric.index_select(1, heads.to(metric.device))  # [batch, head, row, key]
+            if not per_head:
+                selected = selected.sum(1) if self.head_reduction == "sum" else selected.mean(1)
+            slots = state["slot_of_row"][rows.to(device)]
+            state["out"][:, k].index_copy_(-2, slots, selected.to(device))
+
+        self._scan(model_inputs, positional, query_positions, on_chunk)
+        if return_convergence_delta:
+            return state["out"], state["gap"]
+        return state["out"]
+
+
+class ContributionWeights(_AttentionGeometryAttribution):
+    r"""
+    Contribution weights (Cunningham & Muca Cirone, 2026): the projection of each
+    key's weighted, projected value vector onto the attention output,
+    ``c_ij = alpha_ij <o_i, vt_j> / ||o_i||^2``.
+
+    ``variant="inter"`` projects on the layer output ``o_i = sum_h o_h,i`` (rows
+    sum to 1 over heads and keys; heads are aggregated by sum), ``variant="intra"``
+    on each head's own output (rows sum to 1 per head; heads aggregated by mean).
+
+    Args:
+        model (nn.Module): a transformers model of a registered architecture.
+        layers (int or Sequence[int], optional): layers to attribute, in the order
+                    wanted (negative counts from the end). Default: all.
+        heads (int or Sequence[int], optional): heads to keep. Default: all.
+        variant (str, optional): ``"inter"`` or ``"intra"``. Default: ``"inter"``.
+        chunk_size (int, optional): query rows computed at once per layer.
+                    Default: 256
+
+    Examples::
+
+        >>> cw = ContributionWeights(model, layers=[-1])
+        >>> scores = cw.attribute(tokenizer("Paris is", return_tensors="pt"), query_positions=[-1])
+        >>> scores.shape  # (batch, n_layers, n_query, n_key)
+        torch.Size([1, 1, 1, 3])
+    """
+
+    completeness = "over_heads"
+    head_reduction = "sum"
+    metric = "cw_inter"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: int | Sequence[int] | None = None,
+        heads: int | Sequence[int] | None = None,
+        variant: str = "inter",
+        chunk_size: int = 256,
+    ) -> None:
+        if variant not in ("inter", "intra"):
+            raise ValueError(f"variant must be 'inter' or 'intra', got {variant!r}.")
+        super().__init__(model, layers, heads, chunk_size)
+        self.variant = variant
+        self.metric = f"cw_{variant}"
+        self.head_reduction = "sum" if variant == "inter" else "mean"
+        self.completeness = "over_heads" if variant == "inter" else "per_head"
+
+    def attribute_factors(
+        self,
+        inputs: Tensor | Mapping[str, Any],
+        attention_mask: Tensor | None = None,
+        additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
+        query_positions: Sequence[int] | Tensor | None = None,
+    ) -> ContributionFactors:
+        r"""
+        The three-factor decomposition ``cw = attention * relative_norm * cosine``
+        (``relative_norm = ||vt_j|| / ||o_i||``, ``cosine = cos(o_i, vt_j)``) for
+        the selected layers and heads, with ``o`` as the variant defines it.
+
+        Args: as :meth:`attribute`.
+
+        Returns:
+            :class:`ContributionFactors` of three tensors
+            ``(batch, n_layers, n_heads, n_query, n_key)``; their product is the
+            ``per_head=True`` attribution.
+        """
+        model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
+        device = model_inputs.main.device
+        heads = torch.tensor(self.heads)
+        state: dict[str, Tensor] = {}
+
+        def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
+            factors = geometry.decomposition(self.variant)
+            if "out" not in state:
+                state.update(self._allocate(factors[0], query_positions, True, device))
+                state["factors"] = torch.stack([state["out"]] * 3)
+            slots = state["slot_of_row"][rows.to(device)]
+            for index, factor in enumerate(factors):
+                selected = factor.index_select(1, heads.to(factor.device)).to(device)
+                state["factors"][index, :, k].index_copy_(-2, slots, selected)
+
+        self._scan(model_inputs, positional, query_positions, on_chunk)
+        return ContributionFactors(*state["factors"].unbind(0))
+
+
+class AttentionWeights(_AttentionGeometryAttribution):
+    r"""
+    Raw attention weights ``alpha_ij`` (heads aggregated by mean), recomputed in
+    float32 from the model's own queries, keys and masks under any attention
+    implementation.
+
+    Args:
+        model (nn.Module): a transformers model of a registered architecture.
+        layers (int or Sequence[int], optional): layers to attribute. Default: all.
+        heads (int or Sequence[int], optional): heads to keep. Default: all.
+        chunk_size (int, optional): query rows computed at once per layer. Default: 256
+    """
+
+    metric = "attention"
+    completeness = "per_head"
+
+
+class ValueWeightedAttention(_AttentionGeometryAttribution):
+    r"""
+    Value-weighted attention ``alpha_ij ||vt_j||`` (Kobayashi et al., 2020), with
+    ``vt_j = v_j W_O[h]`` the projected value; heads aggregated by mean.
+
+    Args: as :class:`AttentionWeights`.
+    """
+
+    metric = "value_weighted"
+
+
+class OutputNormalizedAttention(_AttentionGeometryAttribution):
+    r"""
+    Output-normalised value-weighted attention ``alpha_ij ||vt_j|| / ||o_h,i||``;
+    heads aggregated by mean. Within one head and row it ranks keys exactly as
+    :class:`ValueWeightedAttention` does; it differs once heads are aggregated.
+
+    Args: as :class:`AttentionWeights`.
+    """
+
+    metric = "output_normalized"
+

@@ -1,0 +1,183 @@
+"""Attention capture through transformers' attention interface.
+
+While :func:`capture_attention` is active, every call of a tracked attention
+module goes through a wrapper registered under the model's own implementation
+name (``eager``, ``sdpa``, ``flash_attention_2``...). The wrapper runs the
+original function unchanged (the model's outputs are untouched) and hands a
+:class:`AttentionCall` to a callback, which can recompute ``alpha`` for just
+the query rows it needs, in float32.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from transformers.modeling_utils import AttentionInterface
+
+__all__ = ["AttentionCall", "capture_attention"]
+
+
+@dataclass
+class AttentionCall:
+    r"""
+    The arguments of one attention-interface call, as seen by the wrapper.
+
+    ``query`` is ``(batch, n_heads, n_query, d_head)``; ``key`` and ``value`` are
+    ``(batch, n_kv_heads, n_key, d_head)`` (grouped-query attention shares a KV
+    head between ``n_heads // n_kv_heads`` query heads).
+    """
+
+    module: nn.Module
+    query: Tensor  # [batch, head, query, d_head]
+    key: Tensor  # [batch, kv_head, key, d_head]
+    value: Tensor  # [batch, kv_head, key, d_head]
+    mask: Tensor | None  # implementation-specific: 4D float/bool, 2D padding, or None
+    implementation: str
+    scaling: float
+    softcap: float | None
+    sliding_window: int | None
+    is_causal: bool
+
+    @property
+    def n_heads(self) -> int:
+        return self.query.shape[1]
+
+    def values(self) -> Tensor:
+        r"""Returns the value vectors per query head in float32: ``(batch, n_heads, n_key, d_head)``."""
+        value = self.value.detach().float()
+        return value.repeat_interleave(self.n_heads // value.shape[1], dim=1)
+
+    def allowed_keys(self, rows: Tensor) -> Tensor:
+        r"""
+        Which keys each of the given query rows may attend to, as the model does.
+
+        Args:
+            rows (Tensor): query positions, ``(n_rows,)`` long.
+        Returns:
+            Bool tensor broadcastable to ``(batch, n_heads, n_rows, n_key)``.
+        """
+        n_query, n_key = self.query.shape[2], self.key.shape[2]
+        mask = self.mask
+        if mask is not None and mask.dim() == 4:
+            mask = mask.index_select(2, rows)
+            if mask.dtype == torch.bool:
+                return mask
+            return mask > torch.finfo(mask.dtype).min / 2
+        keys = torch.arange(n_key, device=rows.device)
+        absolute_rows = rows + (n_key - n_query)  # [row]
+        # eager with no mask means full attention; the others apply causality themselves
+        causal = self.is_causal and self.implementation != "eager" and n_query > 1
+        allowed = torch.ones(len(rows), n_key, dtype=torch.bool, device=rows.device)  # [row, key]
+        if causal or (mask is not None and self.is_causal):
+            allowed &= keys[None, :] <= absolute_rows[:, None]
+        if self.sliding_window is not None and mask is not None:
+            allowed &= keys[None, :] > absolute_rows[:, None] - self.sliding_window
+        allowed = allowed[None, None]  # [1, 1, row, key]
+        if mask is not None:  # 2D padding mask of flash implementations: [batch, key]
+            allowed = allowed & mask.bool()[:, None, None, :]
+        return allowed
+
+    def scores(self, rows: Tensor) -> Tensor:
+        r"""Pre-softmax logits of the given rows in float32: ``(batch, n_heads, n_rows, n_key)``."""
+        query = self.query.detach().index_select(2, rows).float()  # [batch, head, row, d_head]
+        key = self.key.detach().float()
+        key = key.repeat_interleave(self.n_heads // key.shape[1], dim=1)  # [batch, head, key, d_head]
+        scores = query @ key.transpose(-1, -2) * self.scaling  # [batch, head, row, key]
+        if self.mask is not None and self.mask.dim() == 4 and self.mask.is_floating_point():
+            bias = self.mask.index_select(2, rows).float()
+            scores = scores + torch.where(bias > torch.finfo(bias.dtype).min / 2, bias, 0.0)
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        return scores
+
+    def alpha(self, rows: Tensor) -> Tensor:
+        r"""
+        Attention weights of the given rows in float32, recomputed from query and key.
+
+        Masked keys are exactly 0; a row with no allowed key is all 0 (never NaN).
+
+        Returns:
+            Tensor ``(batch, n_heads, n_rows, n_key)``.
+        """
+        scores = self.scores(rows)
+        allowed = self.allowed_keys(rows).expand_as(scores)
+        has_key = allowed.any(-1, keepdim=True)  # [batch, head, row, 1]
+        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~has_key, 0.0)
+        return torch.softmax(scores, dim=-1) * has_key
+
+
+def _eager_function(module: nn.Module) -> Callable:
+    function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if function is None:
+        raise ValueError(
+            f"{type(module).__name__} has no module-level eager_attention_forward; run the model with "
+            "attn_implementation='sdpa' or register its eager function in transformers' AttentionInterface."
+        )
+    return function
+
+
+def _implementation(module: nn.Module, model: nn.Module) -> str:
+    config = getattr(module, "config", None) or model.config
+    return config._attn_implementation or "eager"
+
+
+@contextmanager
+def capture_attention(
+    model: nn.Module,
+    modules: list[nn.Module],
+    on_call: Callable[[AttentionCall], None],
+) -> Iterator[None]:
+    r"""
+    Calls ``on_call`` with an :class:`AttentionCall` each time one of ``modules``
+    runs attention, inside the ``with`` block. The wrapped implementations are
+    restored on exit, also after an exception.
+
+    Args:
+        model (nn.Module): the transformers model.
+        modules (list[nn.Module]): the attention modules to watch.
+        on_call (Callable): receives each :class:`AttentionCall`.
+    """
+    tracked = {id(module) for module in modules}
+    names = {_implementation(module, model) for module in modules}
+    mapping = AttentionInterface._global_mapping
+    saved = {name: mapping.get(name) for name in names}
+
+    def make_wrapper(name: str, original: Callable | None) -> Callable:
+        def wrapper(module, query, key, value, attention_mask, **kwargs):
+            function = original if original is not None else _eager_function(module)
+            output = function(module, query, key, value, attention_mask, **kwargs)
+            if id(module) in tracked:
+                scaling = kwargs.get("scaling")
+                on_call(
+                    AttentionCall(
+                        module=module,
+                        query=query,
+                        key=key,
+                        value=value,
+                        mask=attention_mask,
+                        implementation=name,
+                        scaling=query.shape[-1] ** -0.5 if scaling is None else scaling,
+                        softcap=kwargs.get("softcap"),
+                        sliding_window=kwargs.get("sliding_window"),
+                        is_causal=bool(kwargs.get("is_causal", getattr(module, "is_causal", True))),
+                    )
+                )
+            return output
+
+        return wrapper
+
+    try:
+        for name, original in saved.items():
+            mapping[name] = make_wrapper(name, original)
+        yield
+    finally:
+        for name, original in saved.items():
+            if original is None:
+                mapping.pop(name, None)
+            else:
+                mapping[name] = original

@@ -1,0 +1,129 @@
+"""Pure tensor functions: the five per-head metrics and the three-factor decomposition.
+
+Notation (DESIGN.md section 1), all float32 and for a chunk of query rows:
+``alpha`` is ``(batch, head, row, key)``, ``values`` the value vectors ``v[h, j]``
+``(batch, head, key, d_head)``, ``head_projections`` the per-head slices ``W_O[h]``
+``(head, d_head, d_model)``. The projected values ``vt[h, j] = v[h, j] @ W_O[h]``
+are never materialised: every inner product with them goes through ``W_O[h]``
+first, so the cost per head is that of one ``Q K^T`` product.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+__all__ = ["HeadGeometry", "safe_divide", "METRICS"]
+
+METRICS = ("attention", "value_weighted", "output_normalized", "cw_intra", "cw_inter")
+
+
+def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
+    r"""``numerator / denominator`` where the denominator is non-zero, else 0 (never NaN or inf)."""
+    nonzero = denominator != 0
+    return torch.where(nonzero, numerator / torch.where(nonzero, denominator, 1.0), 0.0)
+
+
+class HeadGeometry:
+    r"""
+    The geometry of one attention layer for a chunk of query rows.
+
+    Args:
+        alpha (Tensor): attention weights ``(batch, head, row, key)``.
+        values (Tensor): value vectors per query head ``(batch, head, key, d_head)``.
+        head_projections (Tensor): ``W_O`` per head ``(head, d_head, d_model)``.
+    """
+
+    def __init__(self, alpha: Tensor, values: Tensor, head_projections: Tensor) -> None:
+        self.alpha = alpha  # [batch, head, row, key]
+        self.values = values  # [batch, head, key, d_head]
+        self.head_projections = head_projections  # [head, d_head, d_model]
+
+    @cached_property
+    def mixed_values(self) -> Tensor:
+        r"""``sum_j alpha[h,i,j] v[h,j]``: ``(batch, head, row, d_head)``."""
+        return self.alpha @ self.values
+
+    @cached_property
+    def head_outputs(self) -> Tensor:
+        r"""``o_h[h, i] = sum_j alpha[h,i,j] vt[h,j]``: ``(batch, head, row, d_model)``."""
+        return torch.einsum("bhrd,hdm->bhrm", self.mixed_values, self.head_projections)
+
+    @cached_property
+    def layer_output(self) -> Tensor:
+        r"""``o[i] = sum_h o_h[h, i]`` (without the output bias): ``(batch, row, d_model)``."""
+        return self.head_outputs.sum(1)
+
+    @cached_property
+    def value_norms(self) -> Tensor:
+        r"""``||vt[h, j]||`` via the Gram matrix ``W_O[h] W_O[h]^T``: ``(batch, head, 1, key)``."""
+        gram = self.head_projections @ self.head_projections.transpose(-1, -2)  # [head, d_head, d_head]
+        squared = torch.einsum("bhkd,hde,bhke->bhk", self.values, gram, self.values)
+        return squared.clamp_min(0).sqrt().unsqueeze(2)
+
+    @cached_property
+    def head_output_norms(self) -> Tensor:
+        r"""``||o_h[h, i]||``: ``(batch, head, row, 1)``."""
+        return self.head_outputs.norm(dim=-1, keepdim=True)
+
+    @cached_property
+    def layer_output_norms(self) -> Tensor:
+        r"""``||o[i]||``: ``(batch, 1, row, 1)``."""
+        return self.layer_output.norm(dim=-1)[:, None, :, None]
+
+    def _dots(self, direction: Tensor) -> Tensor:
+        r"""``<direction[h, i], vt[h, j]>`` for a direction ``(batch, head|1, row, d_model)``."""
+        pulled_back = torch.einsum("bhrm,hdm->bhrd", direction, self.head_projections)  # [b, head, row, d_head]
+        return pulled_back @ self.values.transpose(-1, -2)  # [batch, head, row, key]
+
+    @cached_property
+    def inter_dots(self) -> Tensor:
+        r"""``<o[i], vt[h, j]>``: ``(batch, head, row, key)``."""
+        return self._dots(self.layer_output.unsqueeze(1))
+
+    @cached_property
+    def intra_dots(self) -> Tensor:
+        r"""``<o_h[h, i], vt[h, j]>``: ``(batch, head, row, key)``."""
+        return self._dots(self.head_outputs)
+
+    def metric(self, name: str) -> Tensor:
+        r"""
+        One of :data:`METRICS` per head: ``(batch, head, row, key)``.
+
+        ``attention`` is ``alpha``; ``value_weighted`` is ``alpha ||vt||``;
+        ``output_normalized`` is ``alpha ||vt|| / ||o_h||``; ``cw_intra`` is
+        ``alpha <o_h, vt> / ||o_h||^2``; ``cw_inter`` is ``alpha <o, vt> / ||o||^2``.
+        """
+        if name == "attention":
+            return self.alpha
+        if name == "value_weighted":
+            return self.alpha * self.value_norms
+        if name == "output_normalized":
+            return safe_divide(self.alpha * self.value_norms, self.head_output_norms)
+        if name == "cw_intra":
+            return self.alpha * safe_divide(self.intra_dots, self.head_output_norms.square())
+        if name == "cw_inter":
+            return self.alpha * safe_divide(self.inter_dots, self.layer_output_norms.square())
+        raise ValueError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
+
+    def decomposition(self, variant: str) -> tuple[Tensor, Tensor, Tensor]:
+        r"""
+        The three factors of ``cw = alpha * (||vt|| / ||o||) * cos(o, vt)``.
+
+        Args:
+            variant (str): ``"inter"`` (``o`` is the layer output) or ``"intra"``
+                        (``o`` is the head output).
+        Returns:
+            ``(alpha, relative_norm, cosine)``, each ``(batch, head, row, key)``.
+        """
+        if variant == "inter":
+            output_norms, dots = self.layer_output_norms, self.inter_dots
+        elif variant == "intra":
+            output_norms, dots = self.head_output_norms, self.intra_dots
+        else:
+            raise ValueError(f"variant must be 'inter' or 'intra', got {variant!r}.")
+        relative_norm = safe_divide(self.value_norms, output_norms).expand_as(self.alpha)
+        cosine = safe_divide(dots, output_norms * self.value_norms)
+        return self.alpha, relative_norm, cosine

@@ -55,7 +55,7 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "gemma3_text": Architecture("Gemma3Attention", "o_proj"),
     "gpt2": Architecture("GPT2Attention", "c_proj", weight_layout="conv1d"),
     "bert": Architecture("BertSelfAttention", "^.output.dense"),
-    "vit": Architecture("ViTSelfAttention", "^.output.dense"),
+    "vit": Architecture("ViTAttention", "o_proj"),
 }
 
 

@@ -292,8 +292,11 @@ class ContributionWeights(_AttentionGeometryAttribution):
                 state.update(self._allocate(factors[0], query_positions, True, device))
                 state["factors"] = torch.stack([state["out"]] * 3)
             slots = state["slot_of_row"][rows.to(device)]
+            padding = model_inputs.padding_mask
             for index, factor in enumerate(factors):
                 selected = factor.index_select(1, heads.to(factor.device)).to(device)
+                if padding is not None:  # padded keys and rows are 0 in every factor
+                    selected = selected * (padding[:, None, rows, None] & padding[:, None, None, :])
                 state["factors"][index, :, k].index_copy_(-2, slots, selected)
 
         self._scan(model_inputs, positional, query_positions, on_chunk)

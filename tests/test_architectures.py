@@ -1,0 +1,67 @@
+"""Every metric on every supported family equals a float64 brute force of its definition."""
+
+import pytest
+import torch
+
+from captum_cw import (
+    AttentionWeights,
+    ContributionWeights,
+    OutputNormalizedAttention,
+    ValueWeightedAttention,
+)
+from reference import reference_metrics
+from tiny_models import FAMILIES, example_inputs
+
+ATTRIBUTORS = {
+    "attention": lambda m, **kw: AttentionWeights(m, **kw),
+    "value_weighted": lambda m, **kw: ValueWeightedAttention(m, **kw),
+    "output_normalized": lambda m, **kw: OutputNormalizedAttention(m, **kw),
+    "cw_intra": lambda m, **kw: ContributionWeights(m, variant="intra", **kw),
+    "cw_inter": lambda m, **kw: ContributionWeights(m, variant="inter", **kw),
+}
+
+
+def assert_matches(actual, expected):
+    expected = expected.float()
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6 * max(scale, 1.0))
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_case(request):
+    family = FAMILIES[request.param]
+    model = family.build()
+    inputs, mask = example_inputs(family)
+    return family, model, inputs, mask, reference_metrics(family, model, inputs, mask)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("metric", sorted(ATTRIBUTORS))
+def test_per_head_scores_match_brute_force(family_case, implementation, metric):
+    family, model, inputs, mask, reference = family_case
+    model.set_attn_implementation(implementation)
+    scores = ATTRIBUTORS[metric](model).attribute(inputs, attention_mask=mask, per_head=True)
+    assert scores.shape == reference[metric].shape
+    assert_matches(scores, reference[metric])
+
+
+@pytest.mark.parametrize("metric", sorted(ATTRIBUTORS))
+def test_selection_and_head_aggregation(family_case, metric):
+    family, model, inputs, mask, reference = family_case
+    model.set_attn_implementation("sdpa")
+    n = reference[metric].shape[-1]
+    rows = [n - 1, 0, 2]
+    attributor = ATTRIBUTORS[metric](model, layers=[1, 0], heads=[3, 1], chunk_size=2)
+    scores = attributor.attribute(inputs, attention_mask=mask, query_positions=[-1, 0, 2])
+    expected = reference[metric][:, [1, 0]][:, :, [3, 1]][:, :, :, rows]
+    expected = expected.sum(2) if metric == "cw_inter" else expected.mean(2)
+    assert scores.shape == (expected.shape[0], 2, 3, n)
+    assert_matches(scores, expected)
+
+
+def test_factors_match_brute_force(family_case):
+    family, model, inputs, mask, reference = family_case
+    factors = ContributionWeights(model).attribute_factors(inputs, attention_mask=mask)
+    assert_matches(factors.attention, reference["attention"])
+    assert_matches(factors.relative_norm, reference["relative_norm_inter"])
+    assert_matches(factors.cosine, reference["cosine_inter"])

@@ -1,0 +1,113 @@
+"""The model is left as it was; bad input gets a clear ValueError; new families can be registered."""
+
+import pytest
+import torch
+import transformers
+from transformers.modeling_utils import AttentionInterface
+
+from captum_cw import Architecture, AttentionWeights, ContributionWeights, register_architecture
+from captum_cw.architectures import _ARCHITECTURES
+from tiny_models import FAMILIES, example_inputs
+
+
+@pytest.fixture(scope="module")
+def llama():
+    family = FAMILIES["llama"]
+    return family.build(), *example_inputs(family)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_outputs_unchanged_and_implementation_restored(llama, implementation):
+    model, ids, mask = llama
+    model.set_attn_implementation(implementation)
+    before = dict(AttentionInterface._global_mapping)
+    expected = model(ids, attention_mask=mask).logits
+    attributor = ContributionWeights(model)
+
+    observed = {}
+    hook = model.lm_head.register_forward_hook(lambda mod, args, out: observed.setdefault("logits", out))
+    attributor.attribute(ids, attention_mask=mask)
+    hook.remove()
+    torch.testing.assert_close(observed["logits"], expected, rtol=0, atol=0)
+    assert dict(AttentionInterface._global_mapping) == before
+    assert model.config._attn_implementation == implementation
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, expected, rtol=0, atol=0)
+
+
+def test_implementation_restored_after_an_exception():
+    family = FAMILIES["vit"]
+    model = family.build()
+    pixels, _ = example_inputs(family)
+    before = dict(AttentionInterface._global_mapping)
+    with pytest.raises(ValueError, match="out of range"):  # only known inside the forward pass for pixels
+        AttentionWeights(model).attribute(pixels, query_positions=[10_000])
+    assert dict(AttentionInterface._global_mapping) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"layers": [2]}, "layer 2 is out of range: the model has 2 layers"),
+        ({"layers": [-3]}, "layer -3 is out of range"),
+        ({"heads": [4]}, "head 4 is out of range: the model has 4 heads"),
+        ({"layers": []}, "layer selection is empty"),
+        ({"heads": [1, 1]}, "names a head twice"),
+        ({"variant": "both"}, "variant must be 'inter' or 'intra'"),
+    ],
+)
+def test_bad_selection(llama, kwargs, message):
+    model, _, _ = llama
+    with pytest.raises(ValueError, match=message):
+        ContributionWeights(model, **kwargs)
+
+
+def test_bad_inputs(llama):
+    model, ids, mask = llama
+    attributor = ContributionWeights(model)
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        attributor.attribute(ids, attention_mask=mask[:, :-1])
+    with pytest.raises(ValueError, match="out of range for a sequence of 9 tokens"):
+        attributor.attribute(ids, query_positions=[9])
+    with pytest.raises(ValueError, match="query_positions is empty"):
+        attributor.attribute(ids, query_positions=[])
+    with pytest.raises(ValueError, match="without 'input_ids'"):
+        attributor.attribute({"tokens": ids})
+
+
+def test_unsupported_architecture_explains_registration():
+    torch.manual_seed(0)
+    config = transformers.OPTConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                                    num_attention_heads=2, max_position_embeddings=16, word_embed_proj_dim=16)
+    model = transformers.OPTForCausalLM(config)
+    with pytest.raises(ValueError, match="register_architecture"):
+        ContributionWeights(model)
+
+
+def test_model_without_attention_modules():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="Unsupported architecture"):
+        ContributionWeights(model)
+
+
+def test_registering_a_family_makes_it_work():
+    torch.manual_seed(0)
+    config = transformers.OPTConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, ffn_dim=32,
+                                    num_attention_heads=2, max_position_embeddings=16, word_embed_proj_dim=16)
+    model = transformers.OPTForCausalLM(config).eval()
+    register_architecture("opt", Architecture("OPTAttention", "out_proj"))
+    try:
+        ids = torch.randint(0, 32, (1, 6))
+        scores, delta = ContributionWeights(model).attribute(ids, return_convergence_delta=True)
+        assert scores.shape == (1, 2, 6, 6) and (delta < 1e-5).all()
+    finally:
+        del _ARCHITECTURES["opt"]
+
+
+def test_registered_class_missing_from_model(llama):
+    model, _, _ = llama
+    register_architecture("llama", Architecture("RenamedAttention", "o_proj"))
+    try:
+        with pytest.raises(ValueError, match="no attention module of class 'RenamedAttention'"):
+            ContributionWeights(model)
+    finally:
+        register_architecture("llama", Architecture("LlamaAttention", "o_proj"))

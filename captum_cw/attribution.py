@@ -93,7 +93,7 @@ class _AttentionGeometryAttribution(Attribution):
         positional: tuple[Any, ...],
         query_positions: Sequence[int] | Tensor | None,
         on_chunk,
-    ) -> None:
+    ) -> Any:
         layers = [self.attention_layers[index] for index in self.layers]
         seen: set[int] = set()
 
@@ -101,13 +101,14 @@ class _AttentionGeometryAttribution(Attribution):
             seen.add(k)
             on_chunk(k, rows, geometry)
 
-        scan_geometry(self.model, layers, model_inputs, positional, query_positions, record, self.chunk_size)
+        output = scan_geometry(self.model, layers, model_inputs, positional, query_positions, record, self.chunk_size)
         if len(seen) != len(layers):
             missing = [self.layers[k] for k in range(len(layers)) if k not in seen]
             raise ValueError(
                 f"Layers {missing} did not run attention through transformers' attention interface, so no "
                 "attention weights could be captured; load the model with attn_implementation='eager' or 'sdpa'."
             )
+        return output
 
     def _completeness_gap(self, geometry: HeadGeometry, metric: Tensor) -> Tensor:
         r"""Largest ``|row sum - 1|`` per example over the rows where the identity applies: ``(batch,)``."""
@@ -192,6 +193,27 @@ class _AttentionGeometryAttribution(Attribution):
                 f"{type(self).__name__} has no completeness identity (its rows do not sum to 1), so it has no "
                 "convergence delta; call attribute() with return_convergence_delta=False."
             )
+        scores, gap, _ = self.attribute_with_output(
+            inputs, attention_mask, additional_forward_args, query_positions, per_head
+        )
+        return (scores, gap) if return_convergence_delta else scores
+
+    def attribute_with_output(
+        self,
+        inputs: Tensor | Mapping[str, Any],
+        attention_mask: Tensor | None = None,
+        additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
+        query_positions: Sequence[int] | Tensor | None = None,
+        per_head: bool = False,
+    ) -> tuple[Tensor, Tensor, Any]:
+        r"""
+        As :meth:`attribute`, from the same single forward pass also returning the
+        completeness gap ``(batch,)`` (zeros for metrics without the identity) and
+        the model's own output (e.g. its logits).
+
+        Returns:
+            ``(attributions, delta, model_output)``.
+        """
         model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
         device = model_inputs.main.device
         heads = torch.tensor(self.heads)
@@ -201,7 +223,7 @@ class _AttentionGeometryAttribution(Attribution):
             metric = geometry.metric(self.metric)  # [batch, head, row, key]
             if "out" not in state:
                 state.update(self._allocate(metric, query_positions, per_head, device))
-            if return_convergence_delta:
+            if self.completeness is not None:
                 state["gap"] = torch.maximum(state["gap"], self._completeness_gap(geometry, metric).to(device))
             selected = metric.index_select(1, heads.to(metric.device))  # [batch, head, row, key]
             if not per_head:
@@ -209,10 +231,8 @@ class _AttentionGeometryAttribution(Attribution):
             slots = state["slot_of_row"][rows.to(device)]
             state["out"][:, k].index_copy_(-2, slots, selected.to(device))
 
-        self._scan(model_inputs, positional, query_positions, on_chunk)
-        if return_convergence_delta:
-            return state["out"], state["gap"]
-        return state["out"]
+        output = self._scan(model_inputs, positional, query_positions, on_chunk)
+        return state["out"], state["gap"], output
 
 
 class ContributionWeights(_AttentionGeometryAttribution):

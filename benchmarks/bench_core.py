@@ -1,0 +1,181 @@
+"""Speed and memory of the core attributors on SmolLM2-135M, side by side in one run.
+
+    python benchmarks/bench_core.py [--repeats 5] [--quick]
+
+Writes benchmarks/RESULTS.md (and prints it). Ratios are medians of runs made alternately in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def median_seconds(function, repeats: int) -> float:
+    function()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_extra_memory(function) -> int:
+    """Peak resident memory above the level before the call, sampled every millisecond."""
+    baseline, peak, running = rss_bytes(), [0], [True]
+
+    def sample():
+        while running[0]:
+            peak[0] = max(peak[0], rss_bytes())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    try:
+        function()
+    finally:
+        running[0] = False
+        thread.join()
+    return max(peak[0], rss_bytes()) - baseline
+
+
+def memory_child(mode: str, n: int) -> None:
+    """Runs in a fresh process so that peaks do not hide each other."""
+    from captum_cw import ContributionWeights
+    from captum_cw.models import load_model
+
+    model, _ = load_model("smollm2-135m", attn_implementation="sdpa")
+    ids = torch.randint(10, 40000, (1, n), generator=torch.Generator().manual_seed(0))
+    if mode == "forward":
+        function = lambda: model(ids, use_cache=False)  # noqa: E731
+    else:
+        attributor = ContributionWeights(model)
+        function = lambda: attributor.attribute(ids, additional_forward_args={"use_cache": False},  # noqa: E731
+                                                query_positions=[-1])
+    with torch.no_grad():
+        function()  # warm-up: allocator caches
+        print(peak_extra_memory(function))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
+    parser.add_argument("--memory-length", type=int, default=8192)
+    parser.add_argument("--ig-length", type=int, default=128)
+    parser.add_argument("--memory-child", nargs=2, metavar=("MODE", "N"))
+    parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    args = parser.parse_args()
+    if args.memory_child:
+        memory_child(args.memory_child[0], int(args.memory_child[1]))
+        return
+
+    import captum
+    import transformers
+    from captum.attr import LayerIntegratedGradients
+
+    from captum_cw import ContributionWeights
+    from captum_cw.models import load_model
+
+    model, _ = load_model("smollm2-135m")
+    generator = torch.Generator().manual_seed(0)
+    lines = [
+        "# Core benchmarks (SmolLM2-135M, float32)",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU threads, "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, captum {captum.__version__}; "
+        f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}. Medians of {args.repeats} runs after a warm-up.",
+        f"Reproduce: `python benchmarks/bench_core.py` ({time.strftime('%Y-%m-%d')}).",
+        "",
+        "## Contribution weights over all 30 layers, 9 heads and n rows vs a plain forward pass",
+        "",
+        "| n | forward sdpa (s) | forward eager (s) | CW on sdpa model (s) | CW / eager forward | CW / sdpa forward |",
+        "|---|---|---|---|---|---|",
+    ]
+    no_cache = {"use_cache": False}
+    with torch.no_grad():
+        for n in args.lengths:
+            ids = torch.randint(10, 40000, (1, n), generator=generator)
+            times = {}
+            for implementation in ("sdpa", "eager"):
+                model.set_attn_implementation(implementation)
+                times[implementation] = median_seconds(lambda: model(ids, use_cache=False), args.repeats)
+            model.set_attn_implementation("sdpa")
+            attributor = ContributionWeights(model)
+            times["cw"] = median_seconds(lambda: attributor.attribute(ids, additional_forward_args=no_cache),
+                                         args.repeats)
+            lines.append(f"| {n} | {times['sdpa']:.3f} | {times['eager']:.3f} | {times['cw']:.3f} | "
+                         f"{times['cw'] / times['eager']:.2f}x | {times['cw'] / times['sdpa']:.2f}x |")
+            print(lines[-1], flush=True)
+
+    n = args.ig_length
+    ids = torch.randint(10, 40000, (1, n), generator=generator)
+    with torch.no_grad():
+        target = int(model(ids).logits[0, -1].argmax())
+
+    def last_logit(input_ids):
+        return model(input_ids, use_cache=False).logits[:, -1]
+
+    ig = LayerIntegratedGradients(last_logit, model.get_input_embeddings())
+    baseline = torch.full_like(ids, model.config.pad_token_id or 0)
+    attributor = ContributionWeights(model)
+    ig_repeats = max(1, args.repeats // 2)
+    ig_time = median_seconds(lambda: ig.attribute(ids, baselines=baseline, target=target, n_steps=50,
+                                                  internal_batch_size=25), ig_repeats)
+    with torch.no_grad():
+        cw_time = median_seconds(lambda: attributor.attribute(ids, query_positions=[-1],
+                                                              additional_forward_args=no_cache), args.repeats)
+    lines += [
+        "",
+        f"## Last-token attribution, n = {n}: CW (all layers and heads) vs captum's LayerIntegratedGradients",
+        "",
+        "| method | seconds | speed-up of CW |",
+        "|---|---|---|",
+        f"| LayerIntegratedGradients, 50 steps, on the embeddings | {ig_time:.3f} | |",
+        f"| ContributionWeights, query_positions=[-1] | {cw_time:.3f} | {ig_time / cw_time:.1f}x |",
+    ]
+    print("\n".join(lines[-6:]), flush=True)
+
+    n = args.memory_length
+    peaks = {}
+    for mode in ("forward", "attribute"):
+        result = subprocess.run([sys.executable, __file__, "--memory-child", mode, str(n)], capture_output=True,
+                                text=True, check=True)
+        peaks[mode] = int(result.stdout.strip().splitlines()[-1])
+    dense = 30 * 9 * n * n * 4
+    lines += [
+        "",
+        f"## Peak memory, last-position attribution at n = {n} (sdpa model, fresh process each)",
+        "",
+        "| run | peak resident memory above the loaded model (MiB) |",
+        "|---|---|",
+        f"| plain forward | {peaks['forward'] / 2**20:.0f} |",
+        f"| ContributionWeights, query_positions=[-1] | {peaks['attribute'] / 2**20:.0f} "
+        f"({peaks['attribute'] / max(peaks['forward'], 1):.2f}x the forward) |",
+        f"| for scale: one float32 (layers, heads, n, n) tensor | {dense / 2**20:.0f} |",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 __all__ = [
@@ -84,15 +85,15 @@ class AttentionLayer:
     output_projection: nn.Module
     weight_layout: str
 
-    def head_projections(self, n_heads: int) -> Tensor:
+    def head_projections(self, n_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
         r"""
-        Returns ``W_O`` split per head, in float32 on the projection's device.
+        Returns ``W_O`` split per head, in ``dtype`` on the projection's device.
 
         Returns:
             Tensor of shape ``(n_heads, d_head, d_model)``: ``W_O[h]`` maps head
             ``h``'s value vector to the residual stream.
         """
-        weight = self.output_projection.weight.detach().float()
+        weight = self.output_projection.weight.detach().to(dtype)
         if self.weight_layout == "linear":  # [d_model, heads * d_head]
             weight = weight.t()
         return weight.reshape(n_heads, -1, weight.shape[-1])  # [head, d_head, d_model]

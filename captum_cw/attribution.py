@@ -224,12 +224,13 @@ class _AttentionGeometryAttribution(Attribution):
             if "out" not in state:
                 state.update(self._allocate(metric, query_positions, per_head, device))
             if self.completeness is not None:
-                state["gap"] = torch.maximum(state["gap"], self._completeness_gap(geometry, metric).to(device))
+                gap = self._completeness_gap(geometry, metric).to(device, torch.float32)
+                state["gap"] = torch.maximum(state["gap"], gap)
             selected = metric.index_select(1, heads.to(metric.device))  # [batch, head, row, key]
             if not per_head:
                 selected = selected.sum(1) if self.head_reduction == "sum" else selected.mean(1)
             slots = state["slot_of_row"][rows.to(device)]
-            state["out"][:, k].index_copy_(-2, slots, selected.to(device))
+            state["out"][:, k].index_copy_(-2, slots, selected.to(device, torch.float32))
 
         output = self._scan(model_inputs, positional, query_positions, on_chunk)
         return state["out"], state["gap"], output
@@ -314,7 +315,7 @@ class ContributionWeights(_AttentionGeometryAttribution):
             slots = state["slot_of_row"][rows.to(device)]
             padding = model_inputs.padding_mask
             for index, factor in enumerate(factors):
-                selected = factor.index_select(1, heads.to(factor.device)).to(device)
+                selected = factor.index_select(1, heads.to(factor.device)).to(device, torch.float32)
                 if padding is not None:  # padded keys and rows are 0 in every factor
                     selected = selected * (padding[:, None, rows, None] & padding[:, None, None, :])
                 state["factors"][index, :, k].index_copy_(-2, slots, selected)

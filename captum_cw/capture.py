@@ -36,6 +36,7 @@ class AttentionCall:
     query: Tensor  # [batch, head, query, d_head]
     key: Tensor  # [batch, kv_head, key, d_head]
     value: Tensor  # [batch, kv_head, key, d_head]
+    output: Tensor  # [batch, query, head, d_head]: what the implementation returned
     mask: Tensor | None  # implementation-specific: 4D float/bool, 2D padding, or None
     implementation: str
     scaling: float
@@ -47,9 +48,14 @@ class AttentionCall:
     def n_heads(self) -> int:
         return self.query.shape[1]
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        r"""float32, or float64 for a float64 model: half precision is never used for scores."""
+        return torch.promote_types(self.query.dtype, torch.float32)
+
     def values(self) -> Tensor:
-        r"""Returns the value vectors per query head in float32: ``(batch, n_heads, n_key, d_head)``."""
-        value = self.value.detach().float()
+        r"""Returns the value vectors per query head: ``(batch, n_heads, n_key, d_head)``."""
+        value = self.value.detach().to(self.compute_dtype)
         return value.repeat_interleave(self.n_heads // value.shape[1], dim=1)
 
     def allowed_keys(self, rows: Tensor) -> Tensor:
@@ -83,13 +89,13 @@ class AttentionCall:
         return allowed
 
     def scores(self, rows: Tensor) -> Tensor:
-        r"""Pre-softmax logits of the given rows in float32: ``(batch, n_heads, n_rows, n_key)``."""
-        query = self.query.detach().index_select(2, rows).float()  # [batch, head, row, d_head]
-        key = self.key.detach().float()
+        r"""Pre-softmax logits of the given rows: ``(batch, n_heads, n_rows, n_key)``."""
+        query = self.query.detach().index_select(2, rows).to(self.compute_dtype)  # [batch, head, row, d_head]
+        key = self.key.detach().to(self.compute_dtype)
         key = key.repeat_interleave(self.n_heads // key.shape[1], dim=1)  # [batch, head, key, d_head]
         scores = query @ key.transpose(-1, -2) * self.scaling  # [batch, head, row, key]
         if self.mask is not None and self.mask.dim() == 4 and self.mask.is_floating_point():
-            bias = self.mask.index_select(2, rows).float()
+            bias = self.mask.index_select(2, rows).to(self.compute_dtype)
             scores = scores + torch.where(bias > torch.finfo(bias.dtype).min / 2, bias, 0.0)
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
@@ -97,7 +103,7 @@ class AttentionCall:
 
     def alpha(self, rows: Tensor) -> Tensor:
         r"""
-        Attention weights of the given rows in float32, recomputed from query and key.
+        Attention weights of the given rows in :attr:`compute_dtype`, recomputed from query and key.
 
         Masked keys are exactly 0; a row with no allowed key is all 0 (never NaN).
 
@@ -130,17 +136,20 @@ def _implementation(module: nn.Module, model: nn.Module) -> str:
 def capture_attention(
     model: nn.Module,
     modules: list[nn.Module],
-    on_call: Callable[[AttentionCall], None],
+    on_call: Callable[[AttentionCall], Tensor | None],
 ) -> Iterator[None]:
     r"""
     Calls ``on_call`` with an :class:`AttentionCall` each time one of ``modules``
-    runs attention, inside the ``with`` block. The wrapped implementations are
-    restored on exit, also after an exception.
+    runs attention, inside the ``with`` block. If ``on_call`` returns a tensor, it
+    replaces the attention output ``(batch, n_query, n_heads, d_head)`` (the input
+    of the output projection); otherwise the model runs unchanged. The wrapped
+    implementations are restored on exit, also after an exception.
 
     Args:
         model (nn.Module): the transformers model.
         modules (list[nn.Module]): the attention modules to watch.
-        on_call (Callable): receives each :class:`AttentionCall`.
+        on_call (Callable): receives each :class:`AttentionCall`, returns None or a
+                    replacement attention output.
     """
     tracked = {id(module) for module in modules}
     names = {_implementation(module, model) for module in modules}
@@ -153,12 +162,13 @@ def capture_attention(
             output = function(module, query, key, value, attention_mask, **kwargs)
             if id(module) in tracked:
                 scaling = kwargs.get("scaling")
-                on_call(
+                replacement = on_call(
                     AttentionCall(
                         module=module,
                         query=query,
                         key=key,
                         value=value,
+                        output=output[0],
                         mask=attention_mask,
                         implementation=name,
                         scaling=query.shape[-1] ** -0.5 if scaling is None else scaling,
@@ -167,6 +177,8 @@ def capture_attention(
                         is_causal=bool(kwargs.get("is_causal", getattr(module, "is_causal", True))),
                     )
                 )
+                if replacement is not None:
+                    return (replacement.to(output[0].dtype), *output[1:])
             return output
 
         return wrapper

@@ -132,7 +132,7 @@ def scan_geometry(
         values = call.values()  # [batch, head, key, d_head]
         if padding is not None and padding.shape[1] == values.shape[2]:  # padded keys may hold NaN states
             values = torch.where(padding.to(device)[:, None, :, None], values, 0.0)
-        projections = layers[k].head_projections(call.n_heads).to(device)  # [head, d_head, d_model]
+        projections = layers[k].head_projections(call.n_heads, call.compute_dtype).to(device)  # [head, d_head, d_model]
         for rows in all_rows.split(chunk_size):
             alpha = call.alpha(rows)  # [batch, head, row, key]
             if padding is not None and padding.shape[1] == alpha.shape[-1]:

@@ -1,0 +1,94 @@
+"""Causal interventions on attention: remove chosen keys from chosen query rows by masking their values.
+
+Removing key ``j`` from row ``i`` of head ``h`` at layer ``l`` subtracts ``alpha[h,i,j] * v[h,j]``
+from the head's mixed value, so the layer output ``o_i`` loses exactly ``alpha[h,i,j] * vt[h,j]``
+(DESIGN.md section 2). By default the remaining weights are not renormalised; with
+``renormalize=True`` they are rescaled to sum to 1 again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from captum_cw.architectures import find_attention_layers
+from captum_cw.capture import AttentionCall, capture_attention
+
+__all__ = ["mask_values", "knockout_tokens"]
+
+
+@contextmanager
+def mask_values(
+    model: nn.Module,
+    removals: Mapping[int, Tensor],
+    renormalize: bool = False,
+) -> Iterator[None]:
+    r"""
+    Inside the ``with`` block, every forward pass of ``model`` runs with the given
+    keys removed from the given query rows.
+
+    Args:
+        model (nn.Module): a transformers model of a registered architecture.
+        removals (Mapping[int, Tensor]): layer index -> bool tensor of the keys to
+                    remove, ``(batch, n_heads or 1, n_query, n_key)``; a head
+                    dimension of 1 removes the key from every head.
+        renormalize (bool, optional): rescale the kept weights of each row to sum
+                    to 1 (a row left with no weight becomes 0). Default: False
+
+    Examples::
+
+        >>> removal = torch.zeros(1, 1, n, n, dtype=torch.bool)
+        >>> removal[0, 0, -1, 0] = True  # the last row no longer reads token 0
+        >>> with mask_values(model, {5: removal}):
+        ...     logits = model(ids).logits
+    """
+    layers = find_attention_layers(model)
+    for index in removals:
+        if not -len(layers) <= index < len(layers):
+            raise ValueError(f"layer {index} is out of range: the model has {len(layers)} layers.")
+    by_module = {id(layers[index].attention): removal for index, removal in removals.items()}
+
+    def on_call(call: AttentionCall) -> Tensor:
+        removal = by_module[id(call.module)].to(call.query.device)
+        n_query, n_key = call.query.shape[2], call.key.shape[2]
+        if removal.shape[-2:] != (n_query, n_key) or removal.shape[1] not in (1, call.n_heads):
+            raise ValueError(
+                f"removal mask has shape {tuple(removal.shape)}; expected (batch, {call.n_heads} or 1, "
+                f"{n_query}, {n_key})."
+            )
+        rows = removal.flatten(0, 1).any(0).any(-1).nonzero().flatten()  # rows that lose a key
+        output = call.output  # [batch, query, head, d_head]
+        if len(rows) == 0:
+            return None
+        alpha = call.alpha(rows)  # [batch, head, row, key]
+        removed = alpha * removal.index_select(2, rows)  # broadcasts a head dimension of 1
+        mixed = output.index_select(1, rows).transpose(1, 2).to(alpha.dtype)  # [batch, head, row, d_head]
+        mixed = mixed - removed @ call.values()
+        if renormalize:
+            kept = (alpha - removed).sum(-1, keepdim=True)  # [batch, head, row, 1]
+            mixed = torch.where(kept > 0, mixed / torch.where(kept > 0, kept, 1.0), 0.0)
+        return output.index_copy(1, rows, mixed.transpose(1, 2).to(output.dtype))
+
+    with capture_attention(model, [layers[index].attention for index in removals], on_call):
+        yield
+
+
+@contextmanager
+def knockout_tokens(model: nn.Module, tokens: Tensor, renormalize: bool = False) -> Iterator[None]:
+    r"""
+    Removes input tokens from the context at every layer and head: no query row
+    (other than the token's own) reads their values.
+
+    Args:
+        model (nn.Module): a transformers model of a registered architecture.
+        tokens (Tensor): bool ``(batch, n)``, True for the tokens to knock out.
+        renormalize (bool, optional): as in :func:`mask_values`. Default: False
+    """
+    n = tokens.shape[1]
+    removal = tokens[:, None, None, :] & ~torch.eye(n, dtype=torch.bool, device=tokens.device)  # [b, 1, q, k]
+    layers = range(len(find_attention_layers(model)))
+    with mask_values(model, {layer: removal for layer in layers}, renormalize=renormalize):
+        yield

@@ -1,0 +1,110 @@
+"""Value masking is exact: the masked layer output is the clean one minus the removed terms."""
+
+import pytest
+import torch
+
+from captum_cw.interventions import knockout_tokens, mask_values
+from tiny_models import FAMILIES, example_inputs
+
+
+def _layer_run(model, family, ids, mask, layer):
+    """alpha, v per head and the projected attention output of one layer (float64 brute force)."""
+    attention = [m for m in model.modules() if type(m).__name__ == family.attention_class][layer]
+    projection = family.projection(model, attention)
+    seen = {}
+
+    def keep(name, transform=lambda out: out):
+        def hook(module, args, out):  # returns None: the model's own output stays
+            seen.setdefault(name, transform(out))
+
+        return hook
+
+    hooks = [
+        attention.get_submodule(family.value_path).register_forward_hook(
+            keep("v", lambda out: family.value_of(attention, out))),
+        projection.register_forward_hook(keep("out")),
+    ]
+    with torch.no_grad():
+        output = model(ids, attention_mask=mask, output_attentions=True)
+    for hook in hooks:
+        hook.remove()
+    weight = family.projection_weight(projection)
+    return output.attentions[layer], seen["v"], seen["out"], weight
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_masked_output_is_clean_minus_removed_terms(name, renormalize):
+    family = FAMILIES[name]
+    model = family.build().double()
+    model.set_attn_implementation("eager")
+    ids, _ = example_inputs(family)
+    mask = None
+    layer = 1
+    alpha, v, clean, weight = _layer_run(model, family, ids, mask, layer)
+    batch, heads, n, _ = alpha.shape
+    w_o = weight.reshape(heads, -1, weight.shape[1])  # [head, d, d_model]
+    v = v.reshape(batch, n, -1, w_o.shape[1]).transpose(1, 2).repeat_interleave(
+        heads // (v.shape[-1] // w_o.shape[1]), dim=1)  # [batch, head, n, d]
+    vt = torch.einsum("bhnd,hdm->bhnm", v, w_o)  # [batch, head, n, d_model]
+
+    removal = torch.zeros(batch, heads, n, n, dtype=torch.bool)
+    removal[0, 1, -1, [0, 3]] = True  # one head, one row, two keys
+    removal[1, :, 5, 2] = True  # every head
+    with mask_values(model, {layer: removal}, renormalize=renormalize):
+        _, _, masked, _ = _layer_run(model, family, ids, mask, layer)
+
+    kept = alpha.masked_fill(removal, 0.0)
+    if renormalize:
+        kept = kept / kept.sum(-1, keepdim=True)
+        expected = clean - torch.einsum("bhij,bhjm->bim", alpha, vt) + torch.einsum("bhij,bhjm->bim", kept, vt)
+    else:
+        expected = clean - torch.einsum("bhij,bhjm->bim", alpha * removal, vt)
+    untouched = torch.ones(batch, n, dtype=torch.bool)
+    untouched[0, -1] = untouched[1, 5] = False
+    # transformers' eager softmax runs in float32 even for a float64 model: its alpha is float32-exact
+    torch.testing.assert_close(masked[~untouched], expected[~untouched], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(masked[untouched], clean[untouched], rtol=0, atol=1e-12)
+
+
+def test_nothing_removed_changes_nothing_and_model_is_restored():
+    family = FAMILIES["llama"]
+    model = family.build()
+    ids, mask = example_inputs(family)
+    with torch.no_grad():
+        clean = model(ids, attention_mask=mask).logits
+        removal = torch.zeros(2, 1, 9, 9, dtype=torch.bool)
+        with mask_values(model, {0: removal, 1: removal}):
+            same = model(ids, attention_mask=mask).logits
+        after = model(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(same[real], clean[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(after, clean, rtol=0, atol=0)
+
+
+def test_knockout_removes_the_token_everywhere():
+    family = FAMILIES["llama"]
+    model = family.build()
+    ids, _ = example_inputs(family)
+    ids = ids[:1]
+    tokens = torch.zeros(1, 9, dtype=torch.bool)
+    tokens[0, 2] = True
+    with torch.no_grad(), knockout_tokens(model, tokens):
+        knocked = model(ids).logits
+        # positions before the knocked-out token cannot read it anyway
+    with torch.no_grad():
+        clean = model(ids).logits
+    torch.testing.assert_close(knocked[0, :3], clean[0, :3], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(knocked[0, 3:], clean[0, 3:])
+
+
+def test_bad_removal_masks():
+    family = FAMILIES["llama"]
+    model = family.build()
+    ids, _ = example_inputs(family)
+    with pytest.raises(ValueError, match="layer 5 is out of range"):
+        with mask_values(model, {5: torch.zeros(1, 1, 9, 9, dtype=torch.bool)}):
+            pass
+    with pytest.raises(ValueError, match="removal mask has shape"):
+        with torch.no_grad(), mask_values(model, {0: torch.zeros(2, 1, 8, 8, dtype=torch.bool)}):
+            model(ids)

@@ -42,6 +42,32 @@ def _attribute(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from captum_cw.evaluation import EvaluationConfig, evaluate
+    from captum_cw.evaluation.protocols import INPUT_METRICS, LAYER_METRICS, ProtocolConfig
+
+    metrics = tuple(args.metrics) if args.metrics else (LAYER_METRICS if args.protocol == "layer" else INPUT_METRICS)
+    protocol = ProtocolConfig(
+        protocol=args.protocol, metrics=metrics, bins=tuple(args.bins),
+        layers=tuple(args.layers) if args.layers else None, granularity=args.granularity, absolute=args.absolute,
+        renormalize=args.renormalize, removal=args.removal, remove_special=args.remove_special,
+        batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed,
+    )
+    config = EvaluationConfig(model=args.model, task=args.task, limit=args.limit, data_dir=args.data_dir,
+                              max_tokens=args.max_tokens, dtype=args.dtype, protocol=protocol)
+    summary = evaluate(config, args.out, resume=args.resume, device=args.device, device_map=args.device_map)
+    if summary:
+        measure = summary["primary"]
+        print(f"{args.task}: {summary['n_examples']} examples; AOPC of {measure} (95% bootstrap interval)")
+        print(f"{'metric':>20}  {'comprehensiveness':>30}  {'sufficiency':>30}")
+        for metric, modes in summary["aopc"].items():
+            cells = [f"{modes[m][measure]['mean']:.4f} [{modes[m][measure]['ci_low']:.4f}, "
+                     f"{modes[m][measure]['ci_high']:.4f}]" for m in ("comprehensiveness", "sufficiency")]
+            print(f"{metric:>20}  {cells[0]:>30}  {cells[1]:>30}")
+        print(f"written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captum-cw", description="Contribution weights for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -52,6 +78,31 @@ def build_parser() -> argparse.ArgumentParser:
     attribute.add_argument("--device", default=None)
     attribute.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     attribute.set_defaults(run=_attribute)
+
+    evaluate = commands.add_parser("evaluate", help="ERASER-style faithfulness of every metric on a task")
+    evaluate.add_argument("--model", default="smollm2-135m")
+    evaluate.add_argument("--task", required=True, choices=["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
+    evaluate.add_argument("--limit", type=int, default=20, help="number of examples")
+    evaluate.add_argument("--data-dir", default=None, help="local JSONL files in the hub schema (default: hub)")
+    evaluate.add_argument("--protocol", default="layer", choices=["layer", "input"])
+    evaluate.add_argument("--metrics", nargs="+", default=None, help="default: every metric of the protocol")
+    evaluate.add_argument("--bins", type=float, nargs="+", default=[1, 5, 10, 20, 50])
+    evaluate.add_argument("--layers", type=int, nargs="+", default=None, help="layer level: default all at once")
+    evaluate.add_argument("--granularity", default="token", choices=["token", "head"])
+    evaluate.add_argument("--absolute", action="store_true", help="rank by absolute score")
+    evaluate.add_argument("--renormalize", action="store_true", help="renormalise the kept attention weights")
+    evaluate.add_argument("--removal", default="knockout", choices=["knockout", "deletion"])
+    evaluate.add_argument("--remove-special", action="store_true", help="allow removing special tokens")
+    evaluate.add_argument("--max-tokens", type=int, default=512)
+    evaluate.add_argument("--batch-size", type=int, default=16)
+    evaluate.add_argument("--ig-steps", type=int, default=50)
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--out", required=True)
+    evaluate.add_argument("--resume", action="store_true")
+    evaluate.add_argument("--device", default=None)
+    evaluate.add_argument("--device-map", default=None, help="e.g. auto, for a model larger than one device")
+    evaluate.add_argument("--dtype", default=None, choices=sorted(DTYPES))
+    evaluate.set_defaults(run=_evaluate)
     return parser
 
 

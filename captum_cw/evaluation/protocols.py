@@ -1,0 +1,272 @@
+"""The two faithfulness protocols: rank on the clean run, intervene, measure.
+
+*Layer level* (the paper's): at the chosen layers each query row ranks its keys by
+a metric and loses its top-k% keys (comprehensiveness) or all but them
+(sufficiency), by value masking. *Input level* (ERASER's): one score per input
+token for the model's prediction; the top-k% tokens are knocked out of the
+context at every layer (or deleted from the input).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from captum.attr import LayerIntegratedGradients
+from torch import Tensor, nn
+
+from captum_cw.architectures import find_attention_layers
+from captum_cw.evaluation.ranking import DEFAULT_BINS, MODES, removal_from_ranking
+from captum_cw.evaluation.sequences import EncodedExample, choice_logliks, compare, measure
+from captum_cw.geometry import HeadGeometry
+from captum_cw.interventions import mask_values
+from captum_cw.llm import aggregate_layers
+from captum_cw.scan import ModelInputs, scan_geometry
+
+__all__ = ["LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "evaluate_example"]
+
+LAYER_METRICS = ("attention", "value_weighted", "output_normalized", "cw_intra", "cw_inter", "random")
+INPUT_METRICS = ("ig", "cw_last", "cw_mean", "cw_rollout", "attention_mean", "attention_rollout", "random")
+_SUMMED = {"cw_inter"}  # heads aggregated by sum (rows still sum to 1); the others by mean
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    protocol: str = "layer"  # "layer" or "input"
+    metrics: tuple[str, ...] = LAYER_METRICS
+    bins: tuple[float, ...] = DEFAULT_BINS
+    layers: tuple[int, ...] | None = None  # layer level: where to intervene (default all at once)
+    granularity: str = "token"  # layer level: "token" (heads aggregated) or "head"
+    absolute: bool = False
+    renormalize: bool = False
+    removal: str = "knockout"  # input level: "knockout" or "deletion"
+    remove_special: bool = False
+    batch_size: int = 16
+    ig_steps: int = 50
+    seed: int = 0
+
+    def validate(self) -> None:
+        allowed = LAYER_METRICS if self.protocol == "layer" else INPUT_METRICS
+        if self.protocol not in ("layer", "input"):
+            raise ValueError(f"protocol must be 'layer' or 'input', got {self.protocol!r}.")
+        unknown = [m for m in self.metrics if m not in allowed]
+        if unknown:
+            raise ValueError(f"Unknown {self.protocol}-level metrics {unknown}; choose from {', '.join(allowed)}.")
+        if self.granularity not in ("token", "head"):
+            raise ValueError(f"granularity must be 'token' or 'head', got {self.granularity!r}.")
+        if self.removal not in ("knockout", "deletion"):
+            raise ValueError(f"removal must be 'knockout' or 'deletion', got {self.removal!r}.")
+
+
+def _generator(seed: int, key: str) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+
+
+def _forward(model: nn.Module, ids: Tensor, keep: int) -> Tensor:
+    return model(ids, use_cache=False, logits_to_keep=keep).logits
+
+
+def clean_scores(
+    model: nn.Module, ids: Tensor, layer_indices: Sequence[int], metrics: Sequence[str], per_head: bool, keep: int
+) -> tuple[dict[str, Tensor], Tensor]:
+    r"""
+    Every metric of one sequence from a single forward pass, and that pass's logits.
+
+    Returns:
+        ``{metric: (n_layers, n_heads or 1, n, n)}`` and logits ``(1, keep, vocab)``.
+    """
+    attention_layers = find_attention_layers(model)
+    layers = [attention_layers[index] for index in layer_indices]
+    device = next(model.parameters()).device
+    n = ids.shape[-1]
+    heads = per_head
+    scores: dict[str, Tensor] = {}
+    geometric = [m for m in metrics if m != "random"]
+
+    def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
+        for metric in geometric:
+            values = geometry.metric(metric)[0]  # [head, row, key]
+            if not heads:
+                values = (values.sum(0) if metric in _SUMMED else values.mean(0))[None]
+            if metric not in scores:
+                scores[metric] = torch.zeros(len(layers), values.shape[0], n, n, device=device)
+            scores[metric][k][:, rows.to(device)] = values.to(device, torch.float32)
+
+    inputs = ModelInputs(ids[None].to(device), {"use_cache": False, "logits_to_keep": keep}, None)
+    output = scan_geometry(model, layers, inputs, (), None, on_chunk)
+    return scores, output.logits
+
+
+def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: list[dict[int, Tensor]] | None,
+                    batch_size: int, renormalize: bool) -> Tensor:
+    r"""Logits ``(n_variants, keep, vocab)`` of one sequence under each removal (a dict layer -> mask)."""
+    ids = encoded.sequences[sequence].to(next(model.parameters()).device)
+    keep = encoded.rows_needed(sequence)
+    outputs = []
+    for start in range(0, len(removals), batch_size):
+        chunk = removals[start:start + batch_size]
+        stacked = {layer: torch.stack([removal[layer] for removal in chunk]) for layer in chunk[0]}
+        with torch.no_grad(), mask_values(model, stacked, renormalize=renormalize):
+            outputs.append(_forward(model, ids.expand(len(chunk), -1), keep))
+    return torch.cat(outputs)
+
+
+def _measure_variants(model, encoded: EncodedExample, removals_per_sequence: list[list[dict[int, Tensor]]],
+                      config: ProtocolConfig) -> list[dict]:
+    logits = [_batched_logits(model, encoded, s, removals, config.batch_size, config.renormalize)
+              for s, removals in enumerate(removals_per_sequence)]
+    return measure(encoded, logits)
+
+
+def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict]:
+    layer_indices = list(range(n_layers)) if config.layers is None else [l % n_layers for l in config.layers]
+    per_head = config.granularity == "head"
+    variants = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
+    removals_per_sequence, clean_logits = [], []
+    for s, ids in enumerate(encoded.sequences):
+        with torch.no_grad():
+            scores, logits = clean_scores(model, ids, layer_indices, config.metrics, per_head,
+                                          encoded.rows_needed(s))
+        clean_logits.append(logits)
+        n = len(ids)
+        device = logits.device
+        shape = (len(layer_indices), next(iter(scores.values())).shape[1] if scores else 1, n, n)
+        if "random" in config.metrics:
+            generator = _generator(config.seed, f"{encoded.example.id}/{s}")
+            scores["random"] = torch.rand(shape, generator=generator).to(device)
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # [query, key]
+        removable = ~encoded.special[s].to(device) if not config.remove_special else torch.ones(n, dtype=torch.bool,
+                                                                                                  device=device)
+        eligible = causal & removable[None, :]
+        removals = []
+        for metric, mode, percent in variants:
+            masks = removal_from_ranking(scores[metric], eligible, percent, mode, config.absolute)
+            removals.append({layer: masks[k] for k, layer in enumerate(layer_indices)})  # [head|1, n, n]
+        removals_per_sequence.append(removals)
+    clean = measure(encoded, clean_logits)[0]
+    perturbed = _measure_variants(model, encoded, removals_per_sequence, config)
+    return clean, _nest(variants, perturbed, clean, encoded.example.label)
+
+
+def _nest(variants, perturbed, clean, label) -> dict:
+    results: dict = {}
+    for (metric, mode, percent), measured in zip(variants, perturbed):
+        results.setdefault(metric, {}).setdefault(mode, {})[str(percent)] = compare(clean, measured, label)
+    return results
+
+
+def _input_scores(model, encoded: EncodedExample, prediction: int, metrics: Sequence[str], config: ProtocolConfig,
+                  n_layers: int) -> dict[str, Tensor]:
+    r"""One score per token of the predicted choice's sequence ``(n,)``, per metric."""
+    choice = encoded.choices[prediction]
+    ids = encoded.sequences[choice.sequence]
+    n = len(ids)
+    rows = torch.arange(choice.start, choice.start + len(choice.tokens))
+    rows = rows[rows < n]  # a collapsed (single-token) choice predicts from the last context row
+    scores: dict[str, Tensor] = {}
+    wanted = {m.split("_")[0] for m in metrics if m.startswith(("cw_", "attention_"))}
+    if wanted:
+        matrices, _ = clean_scores(model, ids, range(n_layers), ["cw_inter" if w == "cw" else w for w in wanted],
+                                   False, 1)
+        for metric in metrics:
+            if metric.startswith(("cw_", "attention_")):
+                family, aggregation = metric.split("_")
+                token_level = matrices["cw_inter" if family == "cw" else family][:, 0]  # [layer, n, n]
+                scores[metric] = aggregate_layers(token_level, rows.to(token_level.device), aggregation).sum(0).cpu()
+    if "random" in metrics:
+        scores["random"] = torch.rand(n, generator=_generator(config.seed, encoded.example.id))
+    if "ig" in metrics:
+        scores["ig"] = _integrated_gradients(model, encoded, prediction, config).cpu()
+    return scores
+
+
+def _integrated_gradients(model, encoded: EncodedExample, prediction: int, config: ProtocolConfig) -> Tensor:
+    choice = encoded.choices[prediction]
+    ids = encoded.sequences[choice.sequence].to(next(model.parameters()).device)
+    keep = encoded.rows_needed(choice.sequence)
+    single = {choice.sequence: None}
+
+    def predicted_loglik(input_ids: Tensor) -> Tensor:
+        logits = _forward(model, input_ids, keep)
+        view = EncodedExample(encoded.example, encoded.sequences, [choice], encoded.special)
+        return choice_logliks(view, [logits if s in single else None for s in range(len(encoded.sequences))])[:, 0]
+
+    baseline_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    ig = LayerIntegratedGradients(predicted_loglik, model.get_input_embeddings())
+    attributions = ig.attribute(ids[None], baselines=torch.full_like(ids[None], baseline_id),
+                                n_steps=config.ig_steps, internal_batch_size=config.batch_size)
+    return attributions.sum(-1)[0].detach()  # [n]
+
+
+def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict]:
+    if not encoded.choices:
+        raise ValueError("the input-level protocol explains a prediction: use it on a multiple-choice task "
+                         "(mmlu, winogrande, boolq); text tasks take --protocol layer.")
+    with torch.no_grad():
+        clean_logits = [_forward(model, ids[None].to(next(model.parameters()).device), encoded.rows_needed(s))
+                        for s, ids in enumerate(encoded.sequences)]
+    clean = measure(encoded, clean_logits)[0]
+    scores = _input_scores(model, encoded, clean["prediction"], config.metrics, config, n_layers)
+    # only the context shared by every choice is ranked: its positions mean the same token in every sequence
+    contexts = [encoded.sequences[c.sequence][: c.start + 1] for c in encoded.choices]
+    shared = min(len(c) for c in contexts)
+    while shared > 0 and any(not torch.equal(c[:shared], contexts[0][:shared]) for c in contexts):
+        shared -= 1
+    eligible = torch.zeros(len(encoded.sequences[encoded.choices[clean["prediction"]].sequence]), dtype=torch.bool)
+    eligible[:shared] = True
+    if not config.remove_special:
+        eligible[:shared] &= ~encoded.special[encoded.choices[0].sequence][:shared]
+    variants = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
+    token_sets = [removal_from_ranking(scores[m][: len(eligible)], eligible, b, mode, config.absolute)
+                  for m, mode, b in variants]  # each [n] bool over the shared context
+    if config.removal == "deletion":
+        perturbed = [_deleted(model, encoded, tokens) for tokens in token_sets]
+    else:
+        removals_per_sequence = []
+        for ids in encoded.sequences:
+            n = len(ids)
+            own = ~torch.eye(n, dtype=torch.bool)
+            removals_per_sequence.append([
+                {layer: (_pad(tokens, n)[None, :] & own)[None] for layer in range(n_layers)} for tokens in token_sets
+            ])
+        perturbed = _measure_variants(model, encoded, removals_per_sequence, config)
+    return clean, _nest(variants, perturbed, clean, encoded.example.label)
+
+
+def _pad(tokens: Tensor, n: int) -> Tensor:
+    out = torch.zeros(n, dtype=torch.bool)
+    out[: len(tokens)] = tokens[:n]
+    return out
+
+
+def _deleted(model, encoded: EncodedExample, tokens: Tensor) -> dict:
+    r"""Measures the example with the given shared-context tokens deleted from every sequence."""
+    from captum_cw.evaluation.sequences import Choice
+
+    sequences, choices = [], []
+    for choice in encoded.choices:
+        ids = encoded.sequences[choice.sequence]
+        keep = ~_pad(tokens, len(ids))
+        sequences.append(ids[keep])
+        choices.append(Choice(len(sequences) - 1, int(keep[: choice.start + 1].sum()) - 1, choice.tokens))
+    view = EncodedExample(encoded.example, sequences, choices, [s == -1 for s in sequences])
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = [_forward(model, ids[None].to(device), view.rows_needed(s)) for s, ids in enumerate(sequences)]
+    return measure(view, logits)[0]
+
+
+def evaluate_example(model: nn.Module, encoded: EncodedExample, config: ProtocolConfig) -> dict:
+    r"""
+    Runs one example through the protocol.
+
+    Returns:
+        A JSON-ready record ``{"id", "clean", "results": {metric: {mode: {bin: measures}}}}``.
+    """
+    n_layers = len(find_attention_layers(model))
+    run = _layer_level if config.protocol == "layer" else _input_level
+    clean, results = run(model, encoded, config, n_layers)
+    return {"id": encoded.example.id, "label": encoded.example.label, "clean": clean, "results": results}

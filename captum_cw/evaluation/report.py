@@ -1,0 +1,129 @@
+"""Summaries with bootstrap intervals, CSV/JSON tables and curves."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from captum_cw.evaluation.ranking import MODES  # noqa: E402
+
+__all__ = ["bootstrap_interval", "summarize", "write_report", "PAPER_ORDER"]
+
+PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
+PRIMARY = {"choice": "prob_drop", "text": "delta_nll"}
+
+
+def bootstrap_interval(values: list[float], seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
+    r"""95% percentile bootstrap interval of the mean."""
+    data = np.asarray(values, dtype=float)
+    if len(data) == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, len(data), size=(resamples, len(data)))].mean(1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def _row(values: list[float], seed: int) -> dict[str, float]:
+    low, high = bootstrap_interval(values, seed)
+    return {"mean": float(np.mean(values)) if values else float("nan"), "ci_low": low, "ci_high": high,
+            "n": len(values)}
+
+
+def summarize(records: list[dict], seed: int = 0) -> dict[str, Any]:
+    r"""
+    Per metric, mode and bin the mean of every measure with a 95% bootstrap
+    interval over examples; per metric and mode the AOPC (the mean over bins,
+    taken per example first).
+    """
+    if not records:
+        return {"n_examples": 0, "bins": {}, "aopc": {}}
+    kind = "text" if "nll" in records[0]["clean"] else "choice"
+    measures = list(next(iter(next(iter(records[0]["results"].values()))[MODES[0]].values())))
+    bins: dict = {}
+    aopc: dict = {}
+    for metric in records[0]["results"]:
+        for mode in MODES:
+            bin_keys = list(records[0]["results"][metric][mode])
+            for measure in measures:
+                per_example = [[r["results"][metric][mode][b][measure] for b in bin_keys] for r in records]
+                for index, b in enumerate(bin_keys):
+                    bins.setdefault(metric, {}).setdefault(mode, {}).setdefault(b, {})[measure] = _row(
+                        [values[index] for values in per_example], seed)
+                aopc.setdefault(metric, {}).setdefault(mode, {})[measure] = _row(
+                    [float(np.mean(values)) for values in per_example], seed)
+    summary: dict[str, Any] = {"n_examples": len(records), "kind": kind, "primary": PRIMARY[kind], "bins": bins,
+                               "aopc": aopc}
+    if kind == "choice":
+        summary["clean_accuracy"] = _row([float(r["clean"]["prediction"] == r["label"]) for r in records], seed)
+    else:
+        summary["clean_nll"] = _row([r["clean"]["nll"] for r in records], seed)
+    summary["paper_order"] = paper_order(aopc, PRIMARY[kind])
+    return summary
+
+
+def paper_order(aopc: dict, measure: str) -> dict[str, Any]:
+    r"""Whether attention < value-weighted < output-normalised < CW holds (higher comprehensiveness,
+    lower sufficiency is more faithful), by the AOPC means."""
+    present = [m for m in PAPER_ORDER if m in aopc]
+    result = {}
+    for mode, better_is_higher in (("comprehensiveness", True), ("sufficiency", False)):
+        values = [aopc[m][mode][measure]["mean"] for m in present]
+        steps = [b > a if better_is_higher else b < a for a, b in zip(values, values[1:])]
+        result[mode] = {"metrics": present, "aopc": values, "holds": all(steps) if steps else None}
+    return result
+
+
+def write_report(records: list[dict], config, out: Path) -> dict[str, Any]:
+    r"""Writes ``summary.json``, ``summary.csv`` and ``curves.png`` under ``out``; returns the summary."""
+    summary = summarize(records, seed=config.protocol.seed)
+    summary["config"] = config.to_json()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    with open(out / "summary.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["task", "metric", "mode", "bin", "measure", "mean", "ci_low", "ci_high", "n"])
+        for metric, modes in summary["aopc"].items():
+            for mode, measures in modes.items():
+                for measure, row in measures.items():
+                    writer.writerow([config.task, metric, mode, "AOPC", measure, row["mean"], row["ci_low"],
+                                     row["ci_high"], row["n"]])
+                    for b, by_measure in summary["bins"][metric][mode].items():
+                        cell = by_measure[measure]
+                        writer.writerow([config.task, metric, mode, b, measure, cell["mean"], cell["ci_low"],
+                                         cell["ci_high"], cell["n"]])
+    if records:
+        plot_curves(summary, out / "curves.png", title=f"{config.model} on {config.task} ({len(records)} examples)")
+    return summary
+
+
+def plot_curves(summary: dict, path: Path, title: str = "") -> None:
+    r"""Drop of the primary measure against the bin, one line per metric, with 95% intervals."""
+    measure = summary["primary"]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, mode in zip(axes, MODES):
+        for metric, modes in summary["bins"].items():
+            bins = list(modes[mode])
+            x = [float(b) for b in bins]
+            mean = [modes[mode][b][measure]["mean"] for b in bins]
+            low = [modes[mode][b][measure]["ci_low"] for b in bins]
+            high = [modes[mode][b][measure]["ci_high"] for b in bins]
+            aopc = summary["aopc"][metric][mode][measure]["mean"]
+            axis.plot(x, mean, marker="o", label=f"{metric} (AOPC {aopc:.3g})")
+            axis.fill_between(x, low, high, alpha=0.15)
+        axis.set_xscale("log")
+        axis.set_xlabel("k (% of keys removed)" if mode == "comprehensiveness" else "k (% of keys kept)")
+        axis.set_ylabel(measure)
+        axis.set_title(f"{mode} ({'higher' if mode == 'comprehensiveness' else 'lower'} is more faithful)")
+        axis.legend(fontsize=7)
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

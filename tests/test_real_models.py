@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import pytest
 import torch
 
 from captum_cw import ContributionWeights, OutputNormalizedAttention, ValueWeightedAttention

@@ -122,7 +122,7 @@ def _measure_variants(model, encoded: EncodedExample, removals_per_sequence: lis
 
 
 def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict]:
-    layer_indices = list(range(n_layers)) if config.layers is None else [l % n_layers for l in config.layers]
+    layer_indices = list(range(n_layers)) if config.layers is None else [layer % n_layers for layer in config.layers]
     per_head = config.granularity == "head"
     variants = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
     removals_per_sequence, clean_logits = [], []

@@ -27,7 +27,7 @@ from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.geometry import HeadGeometry, safe_divide
 from captum_cw.scan import ModelInputs, scan_geometry
 
-__all__ = ["SinkAnalysis", "analyze_sinks", "optimal_sink_rate", "scale_sink_values"]
+__all__ = ["SinkAnalysis", "SinkNormEffect", "analyze_sinks", "optimal_sink_rate", "scale_sink_values", "sink_norm_effect"]
 
 
 def optimal_sink_rate(sink: Tensor, rest: Tensor) -> tuple[Tensor, Tensor]:
@@ -204,3 +204,100 @@ def scale_sink_values(
 
     with capture_attention(model, [attention_layers[index].attention for index in chosen], on_call):
         yield
+
+
+@dataclass
+class SinkNormEffect:
+    r"""
+    What removing (scaling) the sink's value norm does, for one sequence.
+
+    Attributes:
+        sink (int): the sink position used.
+        nll (tuple[float, float]): mean next-token NLL before and after (the whole model run).
+        norm (Tensor): ``(2, n_layers, n_heads)`` mean ``||o_h||`` over rows, before and after.
+        cosine (Tensor): ``(2, n_layers, n_heads)`` mean cos(o_h, semantic direction) before and after,
+                    the semantic direction of a row being the mean of its visible non-sink ``vt_j``.
+        low_norm (Tensor): ``(n_layers, n_heads)`` bool, heads in the lowest quartile of mean norm of their layer.
+
+    The norms and cosines are the direct effect at each layer (``o_h - (1 - factor) alpha_s vt_s`` on the
+    clean activations); ``nll`` includes every downstream effect.
+    """
+
+    sink: int
+    nll: tuple[float, float]
+    norm: Tensor
+    cosine: Tensor
+    low_norm: Tensor
+
+    @property
+    def delta_perplexity(self) -> float:
+        return float(torch.tensor(self.nll[1]).exp() - torch.tensor(self.nll[0]).exp())
+
+
+def sink_norm_effect(
+    model: nn.Module, input_ids: Tensor, sink: int | None = None, factor: float = 0.0,
+    layers: Sequence[int] | None = None,
+) -> SinkNormEffect:
+    r"""
+    Scales the sink's value vector by ``factor`` at ``layers`` (default all) and measures the change of
+    perplexity, of the heads' output norms and of their cosine to the semantic direction.
+
+    Args:
+        model (nn.Module): a causal language model of a registered architecture.
+        input_ids (Tensor): ``(n,)`` token ids.
+        sink (int, optional): the sink position. Default: the key with the most received
+                    attention mass over all layers.
+        factor (float, optional): scale of the sink's value (0 removes its norm). Default: 0.0
+        layers (Sequence[int], optional): where to intervene. Default: all.
+    """
+    attention_layers = find_attention_layers(model)
+    chosen = list(range(len(attention_layers))) if layers is None else [
+        layer % len(attention_layers) for layer in layers]
+    ids = input_ids.reshape(1, -1).to(next(model.parameters()).device)
+    measured: dict[int, Tensor] = {}
+    received: dict[int, Tensor] = {}
+
+    def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
+        received[k] = geometry.alpha[0].mean((0, 1))
+        measured[k] = geometry  # the direct effect needs the sink, known after the pass
+
+    output = scan_geometry(model, [attention_layers[i] for i in chosen], ModelInputs(ids, {"use_cache": False}, None),
+                           (), None, on_chunk, chunk_size=ids.shape[1])
+    if sink is None:
+        sink = int(torch.stack(list(received.values())).mean(0).argmax())
+    with torch.no_grad(), scale_sink_values(model, sink, factor, chosen):
+        scaled = model(ids, use_cache=False)
+    nll = tuple(_nll(ids[0], logits) for logits in (output.logits[0], scaled.logits[0]))
+    norms, cosines = [], []
+    for k in range(len(chosen)):
+        before, after, cos_before, cos_after = _direct_effect(measured[k], sink, factor)
+        norms.append(torch.stack([before, after]))
+        cosines.append(torch.stack([cos_before, cos_after]))
+    norm = torch.stack(norms, 1).cpu()  # [2, layer, head]
+    low_norm = norm[0] <= norm[0].quantile(0.25, dim=-1, keepdim=True)
+    return SinkNormEffect(sink, nll, norm, torch.stack(cosines, 1).cpu(), low_norm)
+
+
+def _nll(ids: Tensor, logits: Tensor) -> float:
+    return float(torch.nn.functional.cross_entropy(logits[:-1].float(), ids[1:]))
+
+
+def _direct_effect(geometry: HeadGeometry, sink: int, factor: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    alpha = geometry.alpha[0]  # [head, query, key]
+    values, projections = geometry.values[0], geometry.head_projections
+    head_out = geometry.head_outputs[0]  # [head, query, d_model]
+    sink_vt = torch.einsum("hd,hdm->hm", values[:, sink], projections)  # [head, d_model]
+    changed = head_out - (1 - factor) * alpha[:, :, sink, None] * sink_vt[:, None, :]
+    visible = (alpha > 0).float().index_fill(-1, torch.tensor([sink], device=alpha.device), 0.0)
+    weights = safe_divide(visible, visible.sum(-1, keepdim=True))
+    semantic = torch.einsum("hqk,hkd,hdm->hqm", weights, values, projections)  # mean non-sink vt per row
+    rows = visible.sum(-1) > 0  # rows that see at least one non-sink token: [head, query]
+
+    def row_mean(values: Tensor) -> Tensor:
+        return (values * rows).sum(-1) / rows.sum(-1).clamp_min(1)
+
+    def cos(a: Tensor, b: Tensor) -> Tensor:
+        return safe_divide((a * b).sum(-1), a.norm(dim=-1) * b.norm(dim=-1))
+
+    return (row_mean(head_out.norm(dim=-1)), row_mean(changed.norm(dim=-1)),
+            row_mean(cos(head_out, semantic)), row_mean(cos(changed, semantic)))

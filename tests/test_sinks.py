@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from captum_cw import ContributionWeights
-from captum_cw.sinks import analyze_sinks, optimal_sink_rate, scale_sink_values
+from captum_cw.sinks import analyze_sinks, optimal_sink_rate, scale_sink_values, sink_norm_effect
 from test_interventions import _layer_run
 from tiny_models import FAMILIES, example_inputs
 
@@ -84,3 +84,34 @@ def test_scaling_the_sink_value_removes_exactly_its_term():
     kept[[0, 2]] = 1
     expected = clean - 0.75 * torch.einsum("bhi,h,bhm->bim", alpha[:, :, :, 0], kept, vt[:, :, 0])
     torch.testing.assert_close(scaled, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_sink_norm_effect_against_brute_force(llama):
+    family, model, ids = llama
+    effect = sink_norm_effect(model, ids, sink=0, factor=0.0)
+    with torch.no_grad():
+        clean = model(ids[None]).logits[0]
+        with scale_sink_values(model, 0, 0.0):
+            scaled = model(ids[None]).logits[0]
+    nll = [torch.nn.functional.cross_entropy(logits[:-1], ids[1:]).item() for logits in (clean, scaled)]
+    assert effect.nll == pytest.approx(tuple(nll), rel=1e-5)
+    assert effect.delta_perplexity == pytest.approx(torch.tensor(nll).exp().diff().item(), rel=1e-4)
+    # brute-force direct effect at layer 0, head 1, from materialised projected values
+    model64 = family.build().double()
+    model64.set_attn_implementation("eager")
+    alpha, v, _, weight = _layer_run(model64, family, ids[None], None, 0)
+    heads, n = alpha.shape[1], alpha.shape[-1]
+    w_o = weight.reshape(heads, -1, weight.shape[1])
+    v = v.reshape(1, n, -1, w_o.shape[1]).transpose(1, 2).repeat_interleave(heads // (v.shape[-1] // w_o.shape[1]), 1)
+    vt = torch.einsum("bhnd,hdm->bhnm", v, w_o)[0, 1]  # [n, d_model]
+    a = alpha[0, 1]  # [query, key]
+    out = a @ vt
+    after = out - a[:, :1] * vt[:1]
+    rows = torch.arange(1, n)  # row 0 sees only the sink
+    semantic = torch.stack([vt[1:i + 1].mean(0) for i in rows])
+    cos = torch.nn.functional.cosine_similarity
+    assert effect.norm[0, 0, 1].item() == pytest.approx(out[rows].norm(dim=-1).mean().item(), rel=1e-4)
+    assert effect.norm[1, 0, 1].item() == pytest.approx(after[rows].norm(dim=-1).mean().item(), rel=1e-4)
+    assert effect.cosine[0, 0, 1].item() == pytest.approx(cos(out[rows], semantic).mean().item(), rel=1e-4)
+    assert effect.cosine[1, 0, 1].item() == pytest.approx(cos(after[rows], semantic).mean().item(), rel=1e-4)
+    assert effect.low_norm.shape == (2, heads) and effect.low_norm.any(-1).all()

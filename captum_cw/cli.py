@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -68,6 +69,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sinks(args: argparse.Namespace) -> int:
+    from captum_cw.evaluation import load_examples
+    from captum_cw.models import load_model
+    from captum_cw.sinks_report import sink_study
+
+    model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
+    texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir)]
+    summary = sink_study(model, tokenizer, texts, args.out, args.threshold, args.max_tokens, args.factor)
+    print(json.dumps({key: summary[key] for key in ("detection", "factors_mean_sink_vs_other", "convexity",
+                                                    "sink_norm_intervention")}, indent=2))
+    print(f"written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captum-cw", description="Contribution weights for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -103,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device-map", default=None, help="e.g. auto, for a model larger than one device")
     evaluate.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     evaluate.set_defaults(run=_evaluate)
+
+    sinks = commands.add_parser("sinks", help="attention-sink analysis over the texts of a task")
+    sinks.add_argument("--model", default="smollm2-135m")
+    sinks.add_argument("--task", default="fineweb_edu", choices=["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
+    sinks.add_argument("--limit", type=int, default=20)
+    sinks.add_argument("--data-dir", default=None)
+    sinks.add_argument("--threshold", type=float, default=0.3, help="received attention mass that makes a sink")
+    sinks.add_argument("--max-tokens", type=int, default=256)
+    sinks.add_argument("--factor", type=float, default=0.0, help="scale of the sink's value (0 removes its norm)")
+    sinks.add_argument("--out", required=True)
+    sinks.add_argument("--device", default=None)
+    sinks.add_argument("--dtype", default=None, choices=sorted(DTYPES))
+    sinks.set_defaults(run=_sinks)
     return parser
 
 

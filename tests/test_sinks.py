@@ -115,3 +115,24 @@ def test_sink_norm_effect_against_brute_force(llama):
     assert effect.cosine[0, 0, 1].item() == pytest.approx(cos(out[rows], semantic).mean().item(), rel=1e-4)
     assert effect.cosine[1, 0, 1].item() == pytest.approx(cos(after[rows], semantic).mean().item(), rel=1e-4)
     assert effect.low_norm.shape == (2, heads) and effect.low_norm.any(-1).all()
+
+
+def test_sinks_command_writes_numbers_and_plots(tiny_llm_dir, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import SHARED_DATA
+
+    result = subprocess.run(
+        [sys.executable, "-m", "captum_cw.cli", "sinks", "--model", str(tiny_llm_dir), "--task", "fineweb_edu",
+         "--limit", "2", "--data-dir", str(SHARED_DATA), "--max-tokens", "48", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "TQDM_DISABLE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "sinks.json").read_text())
+    assert summary["n_texts"] == 2
+    assert 0 <= summary["convexity"]["fraction_t_star_below_1"] <= 1
+    for name in ("received", "factors", "alignment", "convexity", "norm_effect"):
+        assert (tmp_path / f"sinks_{name}.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,171 @@
+"""The sink study over many texts: aggregates, ``sinks.json`` and plots (behind ``captum-cw sinks``)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import PreTrainedTokenizerBase  # noqa: E402
+
+from captum_cw.evaluation.report import bootstrap_interval  # noqa: E402
+from captum_cw.sinks import analyze_sinks, sink_norm_effect  # noqa: E402
+
+__all__ = ["sink_study"]
+
+
+def sink_study(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    out: str | Path,
+    threshold: float = 0.3,
+    max_tokens: int = 256,
+    factor: float = 0.0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    r"""
+    Runs :func:`~captum_cw.sinks.analyze_sinks` and :func:`~captum_cw.sinks.sink_norm_effect` on every
+    text, writes ``sinks.json`` and five PNG plots under ``out``, and returns the summary.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    analyses, effects, token_lists = [], [], []
+    for text in tqdm(texts, desc="sinks", disable=not progress):
+        ids = torch.tensor(tokenizer(text, truncation=True, max_length=max_tokens)["input_ids"])
+        analyses.append(analyze_sinks(model, ids, threshold))
+        effects.append(sink_norm_effect(model, ids, factor=factor))
+        token_lists.append([tokenizer.decode([t]) for t in ids.tolist()])
+    summary = _summarize(analyses, effects, token_lists, threshold, factor)
+    (out / "sinks.json").write_text(json.dumps(summary, indent=2))
+    _plot(analyses, effects, token_lists, out)
+    return summary
+
+
+def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, Any]:
+    n_layers = analyses[0].received.shape[0]
+    sink_tokens = Counter()
+    layers_with_first, later_sinks, all_sinks = 0, 0, 0
+    for analysis, tokens in zip(analyses, token_lists):
+        for sinks in analysis.sinks:
+            layers_with_first += 0 in sinks
+            all_sinks += len(sinks)
+            later_sinks += sum(position > 0 for position in sinks)
+            sink_tokens.update(repr(tokens[position]) for position in sinks)
+    factors = {name: torch.stack([a.factors[name] for a in analyses]).nanmean(0) for name in analyses[0].factors}
+    rates = torch.cat([a.sink_rate.flatten() for a in analyses])
+    optimal = torch.cat([a.optimal_rate.flatten() for a in analyses])
+    interior = (rates > 0) & (rates < 1)
+    delta_ppl = [e.delta_perplexity for e in effects]
+    norm = torch.stack([e.norm for e in effects])  # [text, 2, layer, head]
+    cosine = torch.stack([e.cosine for e in effects])
+    low = torch.stack([e.low_norm for e in effects])  # [text, layer, head]
+
+    def by_group(values: torch.Tensor) -> dict[str, float]:
+        change = values[:, 1] - values[:, 0]  # [text, layer, head]
+        return {"low_norm_heads": float(change[low].mean()), "other_heads": float(change[~low].mean())}
+
+    return {
+        "n_texts": len(analyses),
+        "threshold": threshold,
+        "detection": {
+            "fraction_of_layers_where_the_first_token_is_a_sink": layers_with_first / (n_layers * len(analyses)),
+            "fraction_of_sinks_that_are_not_the_first_token": later_sinks / max(all_sinks, 1),
+            "most_common_sink_tokens": sink_tokens.most_common(10),
+        },
+        "factors_per_layer_sink_vs_other": {name: value.tolist() for name, value in factors.items()},
+        "factors_mean_sink_vs_other": {name: value.nanmean(0).tolist() for name, value in factors.items()},
+        "anti_alignment": {
+            "cos_sink_rest_per_layer": torch.stack([a.cos_sink_rest for a in analyses]).mean((0, 2)).tolist(),
+            "cos_sink_output_per_layer": torch.stack([a.cos_sink_output for a in analyses]).mean((0, 2)).tolist(),
+        },
+        "convexity": {
+            "rows": int(interior.sum()),
+            "fraction_t_star_below_1": float((optimal[interior] < 1).float().mean()),
+            "mean_t_star": float(optimal[interior].mean()),
+            "mean_actual_sink_rate": float(rates[interior].mean()),
+            "fraction_actual_rate_above_t_star": float((rates[interior] > optimal[interior]).float().mean()),
+        },
+        "sink_norm_intervention": {
+            "factor": factor,
+            "delta_perplexity": {"mean": sum(delta_ppl) / len(delta_ppl),
+                                 "ci95": list(bootstrap_interval(delta_ppl))},
+            "change_of_head_output_norm": by_group(norm),
+            "change_of_cosine_to_semantic_direction": by_group(cosine),
+        },
+    }
+
+
+def _plot(analyses, effects, token_lists, out: Path) -> None:
+    first, tokens = analyses[0], token_lists[0]
+    figure, axis = plt.subplots(figsize=(min(2 + 0.25 * len(tokens), 30), 6))
+    image = axis.imshow(first.received.numpy(), aspect="auto", cmap="viridis")
+    axis.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
+    axis.set_ylabel("layer")
+    axis.set_title("received attention mass per key (first text)")
+    figure.colorbar(image, ax=axis)
+    figure.tight_layout()
+    figure.savefig(out / "sinks_received.png", dpi=110)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(1, 4, figsize=(16, 3.5))
+    for axis, name in zip(axes, ("attention", "relative_norm", "cosine", "cw")):
+        values = torch.stack([a.factors[name] for a in analyses]).nanmean(0)  # [layer, 2]
+        axis.plot(values[:, 0], marker="o", label="sinks")
+        axis.plot(values[:, 1], marker="o", label="other tokens")
+        axis.set_title(name)
+        axis.set_xlabel("layer")
+        axis.axhline(0, color="grey", lw=0.5)
+    axes[0].legend()
+    figure.suptitle("three-factor decomposition (intra-head): sinks vs other tokens")
+    figure.tight_layout()
+    figure.savefig(out / "sinks_factors.png", dpi=110)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    axis.plot(torch.stack([a.cos_sink_rest for a in analyses]).mean((0, 2)), marker="o",
+              label="cos(vt_sink, non-sink mix)")
+    axis.plot(torch.stack([a.cos_sink_output for a in analyses]).mean((0, 2)), marker="o", label="cos(vt_sink, o_h)")
+    axis.axhline(0, color="grey", lw=0.5)
+    axis.set_xlabel("layer")
+    axis.legend()
+    axis.set_title("anti-alignment of the sink's projected value")
+    figure.tight_layout()
+    figure.savefig(out / "sinks_alignment.png", dpi=110)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(4.5, 4.5))
+    rates = torch.cat([a.sink_rate.flatten() for a in analyses])
+    optimal = torch.cat([a.optimal_rate.flatten() for a in analyses])
+    axis.scatter(rates, optimal, s=2, alpha=0.2)
+    axis.plot([0, 1], [0, 1], color="grey", lw=0.5)
+    axis.set_xlabel("actual sink rate alpha_s")
+    axis.set_ylabel("t* minimising ||o_h(t)||")
+    axis.set_title("convexity: norm-minimising sink rate")
+    figure.tight_layout()
+    figure.savefig(out / "sinks_convexity.png", dpi=110)
+    plt.close(figure)
+
+    cosine = torch.stack([e.cosine for e in effects])  # [text, 2, layer, head]
+    low = torch.stack([e.low_norm for e in effects])
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    for group, mask in (("low-norm heads", low), ("other heads", ~low)):
+        for when, style in ((0, "--"), (1, "-")):
+            values = torch.where(mask, cosine[:, when], torch.nan).nanmean((0, 2))
+            axis.plot(values, style, label=f"{group}, {'after' if when else 'before'}")
+    axis.set_xlabel("layer")
+    axis.set_ylabel("cos(o_h, semantic direction)")
+    axis.legend(fontsize=7)
+    axis.set_title("removing the sink's value norm")
+    figure.tight_layout()
+    figure.savefig(out / "sinks_norm_effect.png", dpi=110)
+    plt.close(figure)

@@ -56,7 +56,8 @@ class SinkAnalysis:
         received (Tensor): ``(n_layers, n)`` received attention mass of each key.
         sinks (list[list[int]]): sink positions per layer.
         factors (dict[str, Tensor]): ``"attention"``, ``"relative_norm"``, ``"cosine"``, ``"cw"``, each
-                    ``(n_layers, 2)``: mean over heads, rows and keys of [sinks, other tokens].
+                    ``(n_layers, 2)``: mean over heads, rows and keys of [sinks, other tokens]
+                    (NaN for the sinks of a layer without sinks).
         cos_sink_rest (Tensor): ``(n_layers, n_heads)`` mean cos(vt_s, sum of non-sink alpha vt).
         cos_sink_output (Tensor): ``(n_layers, n_heads)`` mean cos(vt_s, o_h).
         sink_rate (Tensor): ``(n_layers, n_heads, n)`` the actual alpha_is per row (sink = strongest sink).
@@ -131,7 +132,8 @@ def _measure_layer(geometry: HeadGeometry, threshold: float, method: str) -> dic
     visible = alpha > 0  # keys a row actually reads
 
     def group_means(values: Tensor) -> Tensor:
-        sink_mean = values[:, :, is_sink][visible[:, :, is_sink]].mean() if is_sink.any() else values.new_tensor(0.0)
+        sink_mean = values[:, :, is_sink][visible[:, :, is_sink]].mean() if is_sink.any() else values.new_tensor(
+            float("nan"))  # no sink in this layer: left out of the means over texts
         rest_mean = values[:, :, ~is_sink][visible[:, :, ~is_sink]].mean()
         return torch.stack([sink_mean, rest_mean])
 

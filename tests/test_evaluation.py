@@ -211,3 +211,26 @@ def test_python_api_round_trip(tiny, tmp_path):
     assert summary["primary"] == "delta_nll" and summary["n_examples"] == 2
     with pytest.raises(ValueError, match="another configuration"):
         evaluate(EvaluationConfig(task="gsm8k", limit=3, data_dir=DATA), tmp_path, model=model, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("task", ["mmlu", "winogrande"])
+def test_reusing_clean_activations_below_the_intervention_changes_nothing(tiny, task, monkeypatch):
+    model, tokenizer = tiny
+    encoded = encode(load_examples(task, 1, DATA)[0], tokenizer, max_tokens=64)
+    config = ProtocolConfig(metrics=("cw_inter", "random"), bins=(10, 50), layers=(1,))
+    calls = []
+    block = protocols.skip_layers_below
+
+    def counting(*args):
+        calls.append(args[1])
+        return block(*args)
+
+    monkeypatch.setattr(protocols, "skip_layers_below", counting)
+    reused = evaluate_example(model, encoded, config)
+    assert calls and set(calls) == {1}
+    recomputed = evaluate_example(model, encoded, ProtocolConfig(**{**config.__dict__, "reuse_clean": False}))
+    for metric, modes in recomputed["results"].items():
+        for mode, bins in modes.items():
+            for b, measures in bins.items():
+                for name, value in measures.items():
+                    assert reused["results"][metric][mode][b][name] == pytest.approx(value, abs=1e-5)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
 from captum_cw.evaluation.ranking import DEFAULT_BINS, MODES, removal_from_ranking
+from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
 from captum_cw.evaluation.sequences import EncodedExample, choice_logliks, compare, measure
 from captum_cw.geometry import HeadGeometry
 from captum_cw.interventions import mask_values
@@ -46,6 +48,7 @@ class ProtocolConfig:
     batch_size: int = 16
     ig_steps: int = 50
     seed: int = 0
+    reuse_clean: bool = True  # layer level: variants skip the blocks below the first intervened layer
 
     def validate(self) -> None:
         allowed = LAYER_METRICS if self.protocol == "layer" else INPUT_METRICS
@@ -100,23 +103,33 @@ def clean_scores(
     return scores, output.logits
 
 
-def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: list[dict[int, Tensor]] | None,
-                    batch_size: int, renormalize: bool) -> Tensor:
-    r"""Logits ``(n_variants, keep, vocab)`` of one sequence under each removal (a dict layer -> mask)."""
+def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: list[dict[int, Tensor]],
+                    config: ProtocolConfig, clean_below: Tensor | None = None) -> Tensor:
+    r"""
+    Logits ``(n_variants, keep, vocab)`` of one sequence under each removal (a dict layer -> mask).
+    With ``clean_below`` (the clean output of the block before the first intervened layer), the
+    blocks below that layer are not run again.
+    """
     ids = encoded.sequences[sequence].to(next(model.parameters()).device)
     keep = encoded.rows_needed(sequence)
+    start = min(removals[0]) if clean_below is not None else 0
     outputs = []
-    for start in range(0, len(removals), batch_size):
-        chunk = removals[start:start + batch_size]
+    for first in range(0, len(removals), config.batch_size):
+        chunk = removals[first:first + config.batch_size]
         stacked = {layer: torch.stack([removal[layer] for removal in chunk]) for layer in chunk[0]}
-        with torch.no_grad(), mask_values(model, stacked, renormalize=renormalize):
+        with ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(mask_values(model, stacked, renormalize=config.renormalize))
+            if start > 0:
+                stack.enter_context(skip_layers_below(model, start, clean_below))
             outputs.append(_forward(model, ids.expand(len(chunk), -1), keep))
     return torch.cat(outputs)
 
 
 def _measure_variants(model, encoded: EncodedExample, removals_per_sequence: list[list[dict[int, Tensor]]],
-                      config: ProtocolConfig) -> list[dict]:
-    logits = [_batched_logits(model, encoded, s, removals, config.batch_size, config.renormalize)
+                      config: ProtocolConfig, clean_below: list[Tensor | None] | None = None) -> list[dict]:
+    clean_below = clean_below or [None] * len(removals_per_sequence)
+    logits = [_batched_logits(model, encoded, s, removals, config, clean_below[s])
               for s, removals in enumerate(removals_per_sequence)]
     return measure(encoded, logits)
 
@@ -125,12 +138,16 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
     layer_indices = list(range(n_layers)) if config.layers is None else [layer % n_layers for layer in config.layers]
     per_head = config.granularity == "head"
     variants = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
-    removals_per_sequence, clean_logits = [], []
+    start = min(layer_indices) if config.reuse_clean else 0
+    removals_per_sequence, clean_logits, clean_below = [], [], []
     for s, ids in enumerate(encoded.sequences):
-        with torch.no_grad():
+        with ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            recorded = stack.enter_context(record_layer_output(model, start - 1)) if start > 0 else {}
             scores, logits = clean_scores(model, ids, layer_indices, config.metrics, per_head,
                                           encoded.rows_needed(s))
         clean_logits.append(logits)
+        clean_below.append(recorded.get("output"))
         n = len(ids)
         device = logits.device
         shape = (len(layer_indices), next(iter(scores.values())).shape[1] if scores else 1, n, n)
@@ -147,7 +164,7 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
             removals.append({layer: masks[k] for k, layer in enumerate(layer_indices)})  # [head|1, n, n]
         removals_per_sequence.append(removals)
     clean = measure(encoded, clean_logits)[0]
-    perturbed = _measure_variants(model, encoded, removals_per_sequence, config)
+    perturbed = _measure_variants(model, encoded, removals_per_sequence, config, clean_below)
     return clean, _nest(variants, perturbed, clean, encoded.example.label)
 
 

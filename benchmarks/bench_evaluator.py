@@ -64,6 +64,13 @@ def main() -> None:
     for encoded in examples:
         naive(model, encoded, config)
     slow = time.perf_counter() - start
+    timings = {}
+    for reuse in (False, True):
+        layer_config = ProtocolConfig(metrics=LAYER_METRICS, layers=(20,), reuse_clean=reuse)
+        start = time.perf_counter()
+        for encoded in examples:
+            evaluate_example(model, encoded, layer_config)
+        timings[reuse] = time.perf_counter() - start
     mean_tokens = sum(len(e.sequences[0]) for e in examples) / len(examples)
     text = "\n".join([
         "",
@@ -75,6 +82,14 @@ def main() -> None:
         f"| naive: one forward per metric and per variant | {60 * len(examples) / slow:.2f} |",
         f"| evaluator: one clean pass for all metrics, variants batched by 16 | {60 * len(examples) / fast:.2f} "
         f"({slow / fast:.2f}x) |",
+        "",
+        "Intervening at layer 20 only (of 30):",
+        "",
+        "| run | examples per minute |",
+        "|---|---|",
+        f"| evaluator, every variant runs all 30 blocks | {60 * len(examples) / timings[False]:.2f} |",
+        f"| evaluator, variants reuse the clean output of blocks 0-19 | {60 * len(examples) / timings[True]:.2f} "
+        f"({timings[False] / timings[True]:.2f}x) |",
         "",
     ])
     print(text)

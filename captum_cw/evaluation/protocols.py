@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from captum_cw.architectures import find_attention_layers
 from captum_cw.evaluation.ranking import DEFAULT_BINS, MODES, removal_from_ranking
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
-from captum_cw.evaluation.sequences import EncodedExample, choice_logliks, compare, measure
+from captum_cw.evaluation.sequences import Choice, EncodedExample, choice_logliks, compare, measure
 from captum_cw.geometry import HeadGeometry
 from captum_cw.interventions import mask_values
 from captum_cw.llm import aggregate_layers
@@ -204,12 +204,12 @@ def _integrated_gradients(model, encoded: EncodedExample, prediction: int, confi
     choice = encoded.choices[prediction]
     ids = encoded.sequences[choice.sequence].to(next(model.parameters()).device)
     keep = encoded.rows_needed(choice.sequence)
-    single = {choice.sequence: None}
+    view = EncodedExample(encoded.example, encoded.sequences, [choice], encoded.special)
 
     def predicted_loglik(input_ids: Tensor) -> Tensor:
         logits = _forward(model, input_ids, keep)
-        view = EncodedExample(encoded.example, encoded.sequences, [choice], encoded.special)
-        return choice_logliks(view, [logits if s in single else None for s in range(len(encoded.sequences))])[:, 0]
+        return choice_logliks(view, [logits if s == choice.sequence else None
+                                     for s in range(len(encoded.sequences))])[:, 0]
 
     baseline_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     ig = LayerIntegratedGradients(predicted_loglik, model.get_input_embeddings())
@@ -261,8 +261,6 @@ def _pad(tokens: Tensor, n: int) -> Tensor:
 
 def _deleted(model, encoded: EncodedExample, tokens: Tensor) -> dict:
     r"""Measures the example with the given shared-context tokens deleted from every sequence."""
-    from captum_cw.evaluation.sequences import Choice
-
     sequences, choices = [], []
     for choice in encoded.choices:
         ids = encoded.sequences[choice.sequence]

@@ -210,7 +210,12 @@ def test_python_api_round_trip(tiny, tmp_path):
     summary = evaluate(config, tmp_path, model=model, tokenizer=tokenizer, progress=False)
     assert summary["primary"] == "delta_nll" and summary["n_examples"] == 2
     with pytest.raises(ValueError, match="another configuration"):
-        evaluate(EvaluationConfig(task="gsm8k", limit=3, data_dir=DATA), tmp_path, model=model, tokenizer=tokenizer)
+        evaluate(EvaluationConfig(task="gsm8k", limit=2, data_dir=DATA), tmp_path, model=model, tokenizer=tokenizer)
+    # a larger limit extends the run; a smaller one summarises the first examples only
+    extended = EvaluationConfig(**{**config.__dict__, "limit": 3})
+    assert evaluate(extended, tmp_path, resume=True, model=model, tokenizer=tokenizer, progress=False)["n_examples"] == 3
+    shorter = EvaluationConfig(**{**config.__dict__, "limit": 1})
+    assert evaluate(shorter, tmp_path, resume=True, model=model, tokenizer=tokenizer, progress=False)["n_examples"] == 1
 
 
 @pytest.mark.parametrize("task", ["mmlu", "winogrande"])

@@ -59,17 +59,17 @@ def _drop_torn_tail(path: Path) -> None:
 
 
 def _check_config(out: Path, config: EvaluationConfig, resume: bool) -> None:
+    r"""A resumed run must have the same configuration, except ``limit``: resuming with a larger limit extends it."""
     path = out / "config.json"
     wanted = json.loads(json.dumps(config.to_json()))  # tuples compare as the lists stored
     if path.exists():
         stored = json.loads(path.read_text())
-        if stored != wanted:
+        if {**stored, "limit": None} != {**wanted, "limit": None}:
             raise ValueError(f"{out} holds a run with another configuration ({path}); use another --out.")
         if not resume and any(out.glob("records*.jsonl")):
             raise ValueError(f"{out} already holds results: pass --resume to continue them, or use another --out.")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(wanted, indent=2))
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(wanted, indent=2))
 
 
 def evaluate(
@@ -132,6 +132,7 @@ def evaluate(
     state.wait_for_everyone()
     summary = {}
     if state.is_main_process:
-        summary = write_report(read_records(out), config, out)
+        wanted = {example.id for example in examples}
+        summary = write_report([r for r in read_records(out) if r["id"] in wanted], config, out)
     return summary
 

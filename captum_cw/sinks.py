@@ -238,7 +238,7 @@ class SinkNormEffect:
 
 def sink_norm_effect(
     model: nn.Module, input_ids: Tensor, sink: int | None = None, factor: float = 0.0,
-    layers: Sequence[int] | None = None,
+    layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
 ) -> SinkNormEffect:
     r"""
     Scales the sink's value vector by ``factor`` at ``layers`` (default all) and measures the change of
@@ -251,6 +251,7 @@ def sink_norm_effect(
                     attention mass over all layers.
         factor (float, optional): scale of the sink's value (0 removes its norm). Default: 0.0
         layers (Sequence[int], optional): where to intervene. Default: all.
+        heads (Sequence[int], optional): which heads to intervene on. Default: all.
     """
     attention_layers = find_attention_layers(model)
     chosen = list(range(len(attention_layers))) if layers is None else [
@@ -267,12 +268,12 @@ def sink_norm_effect(
                            (), None, on_chunk, chunk_size=ids.shape[1])
     if sink is None:
         sink = int(torch.stack(list(received.values())).mean(0).argmax())
-    with torch.no_grad(), scale_sink_values(model, sink, factor, chosen):
+    with torch.no_grad(), scale_sink_values(model, sink, factor, chosen, heads):
         scaled = model(ids, use_cache=False)
     nll = tuple(_nll(ids[0], logits) for logits in (output.logits[0], scaled.logits[0]))
     norms, cosines = [], []
     for k in range(len(chosen)):
-        before, after, cos_before, cos_after = _direct_effect(measured[k], sink, factor)
+        before, after, cos_before, cos_after = _direct_effect(measured[k], sink, factor, heads)
         norms.append(torch.stack([before, after]))
         cosines.append(torch.stack([cos_before, cos_after]))
     norm = torch.stack(norms, 1).cpu()  # [2, layer, head]
@@ -284,12 +285,16 @@ def _nll(ids: Tensor, logits: Tensor) -> float:
     return float(torch.nn.functional.cross_entropy(logits[:-1].float(), ids[1:]))
 
 
-def _direct_effect(geometry: HeadGeometry, sink: int, factor: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _direct_effect(
+    geometry: HeadGeometry, sink: int, factor: float, heads: Sequence[int] | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     alpha = geometry.alpha[0]  # [head, query, key]
+    scaled = torch.zeros(alpha.shape[0], device=alpha.device)
+    scaled[list(range(alpha.shape[0])) if heads is None else list(heads)] = 1 - factor  # [head]
     values, projections = geometry.values[0], geometry.head_projections
     head_out = geometry.head_outputs[0]  # [head, query, d_model]
     sink_vt = torch.einsum("hd,hdm->hm", values[:, sink], projections)  # [head, d_model]
-    changed = head_out - (1 - factor) * alpha[:, :, sink, None] * sink_vt[:, None, :]
+    changed = head_out - scaled[:, None, None] * alpha[:, :, sink, None] * sink_vt[:, None, :]
     visible = (alpha > 0).float().index_fill(-1, torch.tensor([sink], device=alpha.device), 0.0)
     weights = safe_divide(visible, visible.sum(-1, keepdim=True))
     semantic = torch.einsum("hqk,hkd,hdm->hqm", weights, values, projections)  # mean non-sink vt per row

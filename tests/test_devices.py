@@ -62,3 +62,14 @@ def test_model_spread_over_two_devices(llama, tmp_path):
     spread = AutoModelForCausalLM.from_pretrained(tmp_path, device_map=device_map).eval()
     scores = ContributionWeights(spread).attribute(ids, attention_mask=mask)
     torch.testing.assert_close(scores.cpu(), ContributionWeights(model).attribute(ids, attention_mask=mask))
+
+
+@pytest.mark.gpu
+def test_flash_attention_matches_eager(llama):
+    pytest.importorskip("flash_attn")
+    model, ids, mask = llama
+    expected = ContributionWeights(model).attribute(ids, attention_mask=mask)
+    flash = FAMILIES["llama"].build().to("cuda", torch.bfloat16)
+    flash.set_attn_implementation("flash_attention_2")
+    scores = ContributionWeights(flash).attribute(ids.cuda(), attention_mask=mask.cuda())
+    torch.testing.assert_close(scores.cpu(), expected, rtol=0.05, atol=0.05)

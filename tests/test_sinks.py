@@ -9,6 +9,19 @@ from test_interventions import _layer_run
 from tiny_models import FAMILIES, example_inputs
 
 
+def test_three_token_head_minimum_in_closed_form():
+    # a head reads a sink s and two tokens a, b with weights (0.5, 0.3, 0.2); keeping a:b = 3:2,
+    # o(t) = t s + (1 - t) u with u = 0.6 a + 0.4 b = (1, 1); s = (-1, 1) gives ||o(t)||^2 = 4t^2 - 4t + 2,
+    # minimal at t* = 1/2 with ||o|| = 1; the actual rate is 0.5 too, so the head sits at its minimum
+    sink, a, b = torch.tensor([-1.0, 1.0]), torch.tensor([1.0, 0.0]), torch.tensor([1.0, 2.5])
+    rest = (0.3 * a + 0.2 * b) / 0.5
+    torch.testing.assert_close(rest, torch.tensor([1.0, 1.0]))
+    t_star, norm = optimal_sink_rate(sink, rest)
+    assert t_star.item() == pytest.approx(0.5) and norm.item() == pytest.approx(1.0)
+    actual = 0.5 * sink + 0.3 * a + 0.2 * b
+    assert actual.norm().item() == pytest.approx(norm.item())  # this head already sits at its minimum
+
+
 def test_convex_minimum_in_closed_form():
     # sink anti-aligned with the rest: ||t s + (1-t) u||^2 is minimal at t* = <u - s, u> / ||s - u||^2
     sink, rest = torch.tensor([-1.0, 0.0]), torch.tensor([2.0, 1.0])
@@ -115,6 +128,9 @@ def test_sink_norm_effect_against_brute_force(llama):
     assert effect.cosine[0, 0, 1].item() == pytest.approx(cos(out[rows], semantic).mean().item(), rel=1e-4)
     assert effect.cosine[1, 0, 1].item() == pytest.approx(cos(after[rows], semantic).mean().item(), rel=1e-4)
     assert effect.low_norm.shape == (2, heads) and effect.low_norm.any(-1).all()
+    only_head_1 = sink_norm_effect(model, ids, sink=0, factor=0.0, heads=[1])
+    torch.testing.assert_close(only_head_1.norm[1, :, 1], effect.norm[1, :, 1])
+    torch.testing.assert_close(only_head_1.norm[1, :, 0], only_head_1.norm[0, :, 0])  # untouched head
 
 
 def test_sinks_command_writes_numbers_and_plots(tiny_llm_dir, tmp_path):

@@ -28,10 +28,6 @@ class ModelInputs:
     def is_text(self) -> bool:
         return not torch.is_floating_point(self.main)
 
-    @property
-    def batch_size(self) -> int:
-        return self.main.shape[0]
-
 
 def prepare_inputs(
     inputs: Tensor | Mapping[str, Any],

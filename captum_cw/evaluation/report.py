@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from captum_cw.evaluation.ranking import MODES  # noqa: E402
+from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve  # noqa: E402
 
 __all__ = ["bootstrap_interval", "summarize", "write_report", "PAPER_ORDER"]
 
@@ -58,7 +58,7 @@ def summarize(records: list[dict], seed: int = 0) -> dict[str, Any]:
                     bins.setdefault(metric, {}).setdefault(mode, {}).setdefault(b, {})[measure] = _row(
                         [values[index] for values in per_example], seed)
                 aopc.setdefault(metric, {}).setdefault(mode, {})[measure] = _row(
-                    [float(np.mean(values)) for values in per_example], seed)
+                    [area_over_curve(values) for values in per_example], seed)
     summary: dict[str, Any] = {"n_examples": len(records), "kind": kind, "primary": PRIMARY[kind], "bins": bins,
                                "aopc": aopc}
     if kind == "choice":

@@ -1,6 +1,6 @@
 """Examples per minute of the evaluator vs a naive loop (one full forward per metric and per variant).
 
-    python benchmarks/bench_evaluator.py [--examples 3]
+    python benchmarks/bench_evaluator.py [--examples 3] [--device cuda] [--dtype bfloat16]
 
 Appends its table to benchmarks/RESULTS.md. Both runs use the same examples, side by side in one process.
 """
@@ -29,14 +29,16 @@ ATTRIBUTORS = {"attention": AttentionWeights, "value_weighted": ValueWeightedAtt
 
 def naive(model, encoded, config: ProtocolConfig) -> None:
     """The straightforward loop: a forward per metric for the scores, a forward per variant."""
+    device = next(model.parameters()).device
     for ids in encoded.sequences:
+        ids = ids.to(device)
         n = len(ids)
-        eligible = torch.ones(n, n, dtype=torch.bool).tril()
+        eligible = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         with torch.no_grad():
             model(ids[None])  # clean
             for metric in config.metrics:
                 if metric == "random":
-                    scores = torch.rand(len(model.model.layers), 1, n, n)
+                    scores = torch.rand(len(model.model.layers), 1, n, n, device=device)
                 else:
                     scores = ATTRIBUTORS[metric](model).attribute(ids[None])[0][:, None]
                 for mode in MODES:
@@ -51,8 +53,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--examples", type=int, default=3)
     parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
-    model, tokenizer = load_model("smollm2-135m")
+    model, tokenizer = load_model("smollm2-135m", device=args.device, dtype=getattr(torch, args.dtype))
     examples = [encode(e, tokenizer, 256) for e in load_examples("mmlu", args.examples, args.data_dir)]
     config = ProtocolConfig(metrics=LAYER_METRICS)
     evaluate_example(model, examples[0], config)  # warm-up
@@ -74,7 +78,8 @@ def main() -> None:
     mean_tokens = sum(len(e.sequences[0]) for e in examples) / len(examples)
     text = "\n".join([
         "",
-        f"## Faithfulness evaluator vs a naive loop (SmolLM2, MMLU, {args.examples} examples, "
+        f"## Faithfulness evaluator vs a naive loop (SmolLM2 {args.dtype} on {args.device}, MMLU, "
+        f"{args.examples} examples, "
         f"{mean_tokens:.0f} tokens on average, 6 metrics x 5 bins x 2 modes = 60 variants each)",
         "",
         "| run | examples per minute |",

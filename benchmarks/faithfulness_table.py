@@ -1,31 +1,107 @@
 """Runs the faithfulness evaluation of every metric on the five tasks and writes docs/RESULTS.md.
 
-    python benchmarks/faithfulness_table.py --data-dir ../shared/data --choice-limit 200 --text-limit 100
+    python benchmarks/faithfulness_table.py --choice-limit 200 --text-limit 100 --input-limit 200
 
-Each task's raw results stay in --out (resumable: rerun the same command to continue).
+Layer level (the paper's protocol) on all five tasks; input level (ERASER's, where Integrated
+Gradients takes part) on the three multiple-choice tasks. Each run's raw results stay in --out
+(resumable: rerun the same command to continue, a larger limit extends a run). --report-only
+writes the tables from the examples finished so far without running anything. The text of
+docs/RESULTS.md from its "## What this shows" heading on is kept.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+from captum_cw.evaluation.report import summarize
+from captum_cw.evaluation.runner import read_records
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {"mmlu": "choice", "winogrande": "choice", "boolq": "choice", "gsm8k": "text", "fineweb_edu": "text"}
+TEXT_TASKS = [task for task, kind in TASKS.items() if kind == "text"]
+OBSERVATIONS = "## What this shows"
 
 
-def run(task: str, limit: int, args) -> dict:
-    out = Path(args.out) / task
+def run(task: str, protocol: str, limit: int, args) -> None:
+    out = run_folder(task, protocol, args)
     command = [sys.executable, "-m", "captum_cw.cli", "evaluate", "--model", args.model, "--task", task,
-               "--limit", str(limit), "--data-dir", args.data_dir, "--max-tokens", str(args.max_tokens),
-               "--batch-size", str(args.batch_size), "--out", str(out)]
+               "--protocol", protocol, "--limit", str(limit), "--data-dir", args.data_dir,
+               "--max-tokens", str(args.max_tokens), "--batch-size", str(args.batch_size),
+               "--ig-steps", str(args.ig_steps), "--out", str(out)]
     if (out / "config.json").exists():
         command.append("--resume")
     subprocess.run(command, check=True)
-    return json.loads((out / "summary.json").read_text())
+
+
+def run_folder(task: str, protocol: str, args) -> Path:
+    return Path(args.out) / (task if protocol == "layer" else f"{task}_input")
+
+
+def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
+    r"""The AOPC table of one run, from the first ``limit`` examples it has finished."""
+    records = read_records(run_folder(task, protocol, args))[:limit]
+    if not records:
+        return []
+    summary = summarize(records)
+    measure = summary["primary"]
+    clean = summary.get("clean_accuracy") or summary.get("clean_nll")
+    lines = [f"### {task} ({summary['n_examples']} {'texts' if task in TEXT_TASKS else 'examples'}; clean "
+             f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", "",
+             f"| metric | comprehensiveness AOPC ({measure}) | sufficiency AOPC ({measure}) |", "|---|---|---|"]
+    for metric, modes in summary["aopc"].items():
+        cells = [f"{modes[m][measure]['mean']:.4f} [{modes[m][measure]['ci_low']:.4f}, "
+                 f"{modes[m][measure]['ci_high']:.4f}]" for m in ("comprehensiveness", "sufficiency")]
+        lines.append(f"| {metric} | {cells[0]} | {cells[1]} |")
+    if protocol == "layer":
+        order = summary["paper_order"]
+        lines += ["", "Paper's order attention < value-weighted < output-normalised < CW (inter): "
+                  f"comprehensiveness {'holds' if order['comprehensiveness']['holds'] else 'does not hold'}, "
+                  f"sufficiency {'holds' if order['sufficiency']['holds'] else 'does not hold'}."]
+    else:
+        ranked = sorted(summary["aopc"], key=lambda m: -summary["aopc"][m]["comprehensiveness"][measure]["mean"])
+        lines += ["", f"By comprehensiveness, most faithful first: {', '.join(ranked)}."]
+    return lines + [""]
+
+
+
+def write_results(args) -> str:
+    limits = {"choice": args.choice_limit, "text": args.text_limit}
+    lines = [
+        "# Faithfulness of token rankings on SmolLM2-135M",
+        "",
+        f"Model: {args.model}, float32, CPU. AOPC over bins {{1, 5, 10, 20, 50}}% with 95% bootstrap intervals.",
+        "Comprehensiveness: higher is more faithful; sufficiency: lower is more faithful. Measure: drop in the",
+        "probability of the originally predicted answer (multiple choice) or increase in NLL (text).",
+        "",
+        "Reproduce: `python benchmarks/faithfulness_table.py --choice-limit "
+        f"{args.choice_limit} --text-limit {args.text_limit} --input-limit {args.input_limit} "
+        f"--max-tokens {args.max_tokens} --ig-steps {args.ig_steps}` (runs resume; `--report-only` "
+        "tabulates what is finished).",
+        "",
+        "## Layer level (the paper's protocol): every query row loses its top-k% keys (comprehensiveness) or all "
+        "but them (sufficiency) by value masking, at all layers at once",
+        "",
+    ]
+    for task in args.tasks:
+        lines += task_table(task, "layer", limits[TASKS[task]], args)
+    input_tasks = [task for task in args.tasks if TASKS[task] == "choice"]
+    if args.input_limit and input_tasks:
+        lines += ["## Input level (ERASER): one score per context token for the predicted answer; the top-k% "
+                  f"tokens are knocked out at every layer. Integrated Gradients: {args.ig_steps} steps on the "
+                  "embeddings, pad-token baseline", ""]
+        for task in input_tasks:
+            lines += task_table(task, "input", args.input_limit, args)
+    results = Path(args.results)
+    previous = results.read_text() if results.exists() else ""
+    if OBSERVATIONS in previous:
+        lines.append(previous[previous.index(OBSERVATIONS):].rstrip("\n"))
+    text = "\n".join(lines) + "\n"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(text)
+    return text
 
 
 def main() -> None:
@@ -34,43 +110,26 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--choice-limit", type=int, default=200)
     parser.add_argument("--text-limit", type=int, default=100)
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--input-limit", type=int, default=200, help="input-level examples per task; 0: none")
+    parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument("--ig-steps", type=int, default=50)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--protocols", nargs="+", default=["layer", "input"], choices=["layer", "input"],
+                        help="which protocols to run (the table shows every finished run)")
+    parser.add_argument("--report-only", action="store_true", help="tabulate finished examples, run nothing")
     parser.add_argument("--out", default=str(ROOT / "out" / "faithfulness"))
     parser.add_argument("--results", default=str(ROOT / "docs" / "RESULTS.md"))
     args = parser.parse_args()
 
-    lines = [
-        "# Faithfulness of token rankings (layer-level value masking, all layers at once)",
-        "",
-        f"Model: {args.model}, float32, CPU. AOPC over bins {{1, 5, 10, 20, 50}}% with 95% bootstrap intervals.",
-        "Comprehensiveness: higher is more faithful; sufficiency: lower is more faithful. Measure: drop in the",
-        "probability of the originally predicted answer (multiple choice) or increase in NLL (text).",
-        "",
-        "Reproduce: `python benchmarks/faithfulness_table.py --choice-limit "
-        f"{args.choice_limit} --text-limit {args.text_limit} --max-tokens {args.max_tokens}`",
-        "",
-    ]
-    for task in args.tasks:
-        limit = args.choice_limit if TASKS[task] == "choice" else args.text_limit
-        summary = run(task, limit, args)
-        measure = summary["primary"]
-        clean = summary.get("clean_accuracy") or summary.get("clean_nll")
-        lines += [f"## {task} ({summary['n_examples']} examples; clean "
-                  f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", "",
-                  f"| metric | comprehensiveness AOPC ({measure}) | sufficiency AOPC ({measure}) |", "|---|---|---|"]
-        for metric, modes in summary["aopc"].items():
-            cells = [f"{modes[m][measure]['mean']:.4f} [{modes[m][measure]['ci_low']:.4f}, "
-                     f"{modes[m][measure]['ci_high']:.4f}]" for m in ("comprehensiveness", "sufficiency")]
-            lines.append(f"| {metric} | {cells[0]} | {cells[1]} |")
-        order = summary["paper_order"]
-        lines += ["", "Paper's order attention < value-weighted < output-normalised < CW (inter): "
-                  f"comprehensiveness {'holds' if order['comprehensiveness']['holds'] else 'does not hold'}, "
-                  f"sufficiency {'holds' if order['sufficiency']['holds'] else 'does not hold'}.", ""]
-        Path(args.results).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.results).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    limits = {"choice": args.choice_limit, "text": args.text_limit}
+    for task in args.tasks if not args.report_only else []:
+        if "layer" in args.protocols:
+            run(task, "layer", limits[TASKS[task]], args)
+        if "input" in args.protocols and TASKS[task] == "choice" and args.input_limit:
+            run(task, "input", args.input_limit, args)
+        write_results(args)
+    print(write_results(args))
 
 
 if __name__ == "__main__":

@@ -77,7 +77,8 @@ class LLMContributionAttribution:
         heads: Sequence[int] | None = None,
     ) -> None:
         if layer_aggregation not in LAYER_AGGREGATIONS:
-            raise ValueError(f"layer_aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, got {layer_aggregation!r}.")
+            raise ValueError(f"layer_aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, "
+                             f"got {layer_aggregation!r}.")
         self.model = model
         self.tokenizer = tokenizer
         self.layer_aggregation = layer_aggregation

@@ -55,7 +55,8 @@ def prepare_inputs(
         main = inputs
     else:
         raise ValueError(
-            f"inputs must be a tensor of token ids / pixel values or a tokenizer's BatchEncoding, got {type(inputs).__name__}."
+            "inputs must be a tensor of token ids / pixel values or a tokenizer's BatchEncoding, "
+            f"got {type(inputs).__name__}."
         )
     if not torch.is_floating_point(main) and main.dim() == 1:
         main = main.unsqueeze(0)

@@ -27,7 +27,8 @@ from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.geometry import HeadGeometry, safe_divide
 from captum_cw.scan import ModelInputs, scan_geometry
 
-__all__ = ["SinkAnalysis", "SinkNormEffect", "analyze_sinks", "optimal_sink_rate", "scale_sink_values", "sink_norm_effect"]
+__all__ = ["SinkAnalysis", "SinkNormEffect", "analyze_sinks", "optimal_sink_rate", "scale_sink_values",
+           "sink_norm_effect"]
 
 
 def optimal_sink_rate(sink: Tensor, rest: Tensor) -> tuple[Tensor, Tensor]:

@@ -33,7 +33,8 @@ def tiny(tiny_llm_dir):
 def test_prompts_follow_the_harness():
     mmlu = load_examples("mmlu", 1, DATA)[0]
     assert mmlu.contexts[0].startswith("The following are multiple choice questions (with answers) about moral")
-    assert mmlu.contexts[0].endswith("D. Not wrong, Not wrong\nAnswer:") and mmlu.continuations == (" A", " B", " C", " D")
+    assert mmlu.contexts[0].endswith("D. Not wrong, Not wrong\nAnswer:")
+    assert mmlu.continuations == (" A", " B", " C", " D")
     assert mmlu.label == 3
     wino = load_examples("winogrande", 1, DATA)[0]
     assert wino.contexts == ("Sarah was a much better surgeon than Maria so Sarah",
@@ -213,7 +214,8 @@ def test_python_api_round_trip(tiny, tmp_path):
         evaluate(EvaluationConfig(task="gsm8k", limit=2, data_dir=DATA), tmp_path, model=model, tokenizer=tokenizer)
     # a larger limit extends the run; a smaller one summarises the first examples only
     extended = EvaluationConfig(**{**config.__dict__, "limit": 3})
-    assert evaluate(extended, tmp_path, resume=True, model=model, tokenizer=tokenizer, progress=False)["n_examples"] == 3
+    extended_summary = evaluate(extended, tmp_path, resume=True, model=model, tokenizer=tokenizer, progress=False)
+    assert extended_summary["n_examples"] == 3
     shorter = EvaluationConfig(**{**config.__dict__, "limit": 1})
     assert evaluate(shorter, tmp_path, resume=True, model=model, tokenizer=tokenizer, progress=False)["n_examples"] == 1
 

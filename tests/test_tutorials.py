@@ -1,6 +1,5 @@
 """Every tutorial notebook runs offline on the default model."""
 
-import os
 from pathlib import Path
 
 import nbformat
@@ -21,6 +20,7 @@ def test_tutorial_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTUM_CW_DATA", str(SHARED_DATA))
     monkeypatch.setenv("TQDM_DISABLE", "1")
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    resources = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources=resources).execute()
     errors = [output for cell in notebook.cells for output in cell.get("outputs", []) if output.output_type == "error"]
     assert not errors

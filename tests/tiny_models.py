@@ -76,7 +76,8 @@ def _decoder(config_class, **extra):
 
 def _gpt2():
     torch.manual_seed(SEED)
-    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, initializer_range=0.2)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                     initializer_range=0.2)
     return transformers.GPT2LMHeadModel(config).eval()
 
 

@@ -58,7 +58,8 @@ def removal_from_ranking(
     keys = scores.abs() if absolute else scores
     keys = keys.masked_fill(~eligible, float("-inf"))
     order = keys.argsort(dim=-1, descending=True, stable=True)  # [..., key]
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, positions)
     top = rank < top_k_count(eligible.sum(-1, keepdim=True), percent)
     return eligible & (top if mode == "comprehensiveness" else ~top)
 

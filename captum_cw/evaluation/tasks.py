@@ -49,7 +49,8 @@ class Task:
 
 def _mmlu(index: int, row: dict) -> Example:
     subject = row["subject"].replace("_", " ")
-    prompt = f"The following are multiple choice questions (with answers) about {subject}.\n\n{row['question'].strip()}\n"
+    prompt = (f"The following are multiple choice questions (with answers) about {subject}.\n\n"
+              f"{row['question'].strip()}\n")
     prompt += "".join(f"{letter}. {choice}\n" for letter, choice in zip("ABCD", row["choices"])) + "Answer:"
     return Example(f"mmlu-{index}", (prompt,) * 4, (" A", " B", " C", " D"), int(row["answer"]))
 

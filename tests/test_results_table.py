@@ -1,0 +1,39 @@
+"""benchmarks/faithfulness_table.py --report-only: the tables of docs/RESULTS.md from finished runs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from captum_cw.evaluation import EvaluationConfig, evaluate
+from captum_cw.evaluation.protocols import ProtocolConfig
+from captum_cw.evaluation.runner import read_records
+from captum_cw.models import load_model
+from conftest import SHARED_DATA
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "faithfulness_table.py"
+
+
+def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tiny_llm_dir, tmp_path):
+    model, tokenizer = load_model(str(tiny_llm_dir))
+    runs = {"mmlu": ("layer", 2), "gsm8k": ("layer", 1), "mmlu_input": ("input", 2)}
+    for folder, (protocol, limit) in runs.items():
+        metrics = ("cw_inter", "random") if protocol == "layer" else ("ig", "cw_last", "random")
+        protocol_config = ProtocolConfig(protocol=protocol, metrics=metrics, bins=(10, 50), ig_steps=2)
+        config = EvaluationConfig(task=folder.split("_")[0], limit=limit, data_dir=str(SHARED_DATA), max_tokens=32,
+                                  protocol=protocol_config)
+        evaluate(config, tmp_path / folder, model=model, tokenizer=tokenizer, progress=False)
+    results = tmp_path / "RESULTS.md"
+    results.write_text("old tables\n\n## What this shows\n\nhand-written findings\n")
+
+    command = [sys.executable, str(SCRIPT), "--report-only", "--out", str(tmp_path), "--results", str(results),
+               "--tasks", "mmlu", "gsm8k", "--choice-limit", "1", "--text-limit", "5", "--input-limit", "2"]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    text = results.read_text()
+    assert "old tables" not in text and text.rstrip().endswith("## What this shows\n\nhand-written findings")
+    assert "### mmlu (1 examples;" in text and "### gsm8k (1 texts;" in text and "### mmlu (2 examples;" in text
+    first = read_records(tmp_path / "mmlu")[0]["results"]["cw_inter"]["comprehensiveness"]
+    aopc = (first["10"]["prob_drop"] + first["50"]["prob_drop"]) / 2  # one example: the interval collapses to it
+    assert f"| cw_inter | {aopc:.4f} [{aopc:.4f}, {aopc:.4f}] |" in text
+    input_section = text[text.index("## Input level"):]
+    assert "| ig |" in input_section and "By comprehensiveness, most faithful first:" in input_section

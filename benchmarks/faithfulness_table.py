@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from captum_cw.evaluation.report import summarize
+from captum_cw.evaluation.report import plot_curves, summarize
 from captum_cw.evaluation.runner import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,11 +41,14 @@ def run_folder(task: str, protocol: str, args) -> Path:
 
 
 def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
-    r"""The AOPC table of one run, from the first ``limit`` examples it has finished."""
+    r"""The AOPC table of one run, from the first ``limit`` examples it has finished, and its curves' plot."""
     records = read_records(run_folder(task, protocol, args))[:limit]
     if not records:
         return []
     summary = summarize(records)
+    plot = Path(args.results).parent / "faithfulness" / f"{run_folder(task, protocol, args).name}.png"
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")
     measure = summary["primary"]
     clean = summary.get("clean_accuracy") or summary.get("clean_nll")
     lines = [f"### {task} ({summary['n_examples']} {'texts' if task in TEXT_TASKS else 'examples'}; clean "
@@ -63,7 +66,7 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     else:
         ranked = sorted(summary["aopc"], key=lambda m: -summary["aopc"][m]["comprehensiveness"][measure]["mean"])
         lines += ["", f"By comprehensiveness, most faithful first: {', '.join(ranked)}."]
-    return lines + [""]
+    return lines + ["", f"![{task}, {protocol} level](faithfulness/{plot.name})", ""]
 
 
 

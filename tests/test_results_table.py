@@ -37,3 +37,5 @@ def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tin
     assert f"| cw_inter | {aopc:.4f} [{aopc:.4f}, {aopc:.4f}] |" in text
     input_section = text[text.index("## Input level"):]
     assert "| ig |" in input_section and "By comprehensiveness, most faithful first:" in input_section
+    assert sorted(p.name for p in (tmp_path / "faithfulness").iterdir()) == ["gsm8k.png", "mmlu.png", "mmlu_input.png"]
+    assert "![mmlu, input level](faithfulness/mmlu_input.png)" in input_section

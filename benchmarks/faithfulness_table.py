@@ -12,6 +12,7 @@ docs/RESULTS.md from its "## What this shows" heading on is kept.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -91,10 +92,12 @@ def write_results(args) -> str:
     for task in args.tasks:
         lines += task_table(task, "layer", limits[TASKS[task]], args)
     input_tasks = [task for task in args.tasks if TASKS[task] == "choice"]
-    if args.input_limit and input_tasks:
+    configs = [run_folder(task, "input", args) / "config.json" for task in input_tasks]
+    ig_steps = sorted({json.loads(path.read_text())["protocol"]["ig_steps"] for path in configs if path.exists()})
+    if args.input_limit and ig_steps:
         lines += ["## Input level (ERASER): one score per context token for the predicted answer; the top-k% "
-                  f"tokens are knocked out at every layer. Integrated Gradients: {args.ig_steps} steps on the "
-                  "embeddings, pad-token baseline", ""]
+                  "tokens are knocked out at every layer. Integrated Gradients: "
+                  f"{' / '.join(map(str, ig_steps))} steps on the embeddings, pad-token baseline", ""]
         for task in input_tasks:
             lines += task_table(task, "input", args.input_limit, args)
     results = Path(args.results)

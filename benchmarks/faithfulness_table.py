@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from captum_cw.evaluation.report import plot_curves, summarize
+from captum_cw.evaluation.report import aopc_cells, plot_curves, summarize
 from captum_cw.evaluation.runner import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +41,18 @@ def run_folder(task: str, protocol: str, args) -> Path:
     return Path(args.out) / (task if protocol == "layer" else f"{task}_input")
 
 
+def task_limit(task: str, args) -> int:
+    return args.choice_limit if TASKS[task] == "choice" else args.text_limit
+
+
 def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     r"""The AOPC table of one run, from the first ``limit`` examples it has finished, and its curves' plot."""
-    records = read_records(run_folder(task, protocol, args))[:limit]
+    folder = run_folder(task, protocol, args)
+    records = read_records(folder)[:limit]
     if not records:
         return []
     summary = summarize(records)
-    plot = Path(args.results).parent / "faithfulness" / f"{run_folder(task, protocol, args).name}.png"
+    plot = Path(args.results).parent / "faithfulness" / f"{folder.name}.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")
     measure = summary["primary"]
@@ -55,10 +60,8 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     lines = [f"### {task} ({summary['n_examples']} {'texts' if task in TEXT_TASKS else 'examples'}; clean "
              f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", "",
              f"| metric | comprehensiveness AOPC ({measure}) | sufficiency AOPC ({measure}) |", "|---|---|---|"]
-    for metric, modes in summary["aopc"].items():
-        cells = [f"{modes[m][measure]['mean']:.4f} [{modes[m][measure]['ci_low']:.4f}, "
-                 f"{modes[m][measure]['ci_high']:.4f}]" for m in ("comprehensiveness", "sufficiency")]
-        lines.append(f"| {metric} | {cells[0]} | {cells[1]} |")
+    lines += [f"| {metric} | {comprehensiveness} | {sufficiency} |"
+              for metric, comprehensiveness, sufficiency in aopc_cells(summary)]
     if protocol == "layer":
         order = summary["paper_order"]
         lines += ["", "Paper's order attention < value-weighted < output-normalised < CW (inter): "
@@ -70,9 +73,7 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     return lines + ["", f"![{task}, {protocol} level](faithfulness/{plot.name})", ""]
 
 
-
 def write_results(args) -> str:
-    limits = {"choice": args.choice_limit, "text": args.text_limit}
     lines = [
         "# Faithfulness of token rankings on SmolLM2-135M",
         "",
@@ -90,7 +91,7 @@ def write_results(args) -> str:
         "",
     ]
     for task in args.tasks:
-        lines += task_table(task, "layer", limits[TASKS[task]], args)
+        lines += task_table(task, "layer", task_limit(task, args), args)
     input_tasks = [task for task in args.tasks if TASKS[task] == "choice"]
     configs = [run_folder(task, "input", args) / "config.json" for task in input_tasks]
     ig_steps = sorted({json.loads(path.read_text())["protocol"]["ig_steps"] for path in configs if path.exists()})
@@ -128,10 +129,9 @@ def main() -> None:
     parser.add_argument("--results", default=str(ROOT / "docs" / "RESULTS.md"))
     args = parser.parse_args()
 
-    limits = {"choice": args.choice_limit, "text": args.text_limit}
     for task in args.tasks if not args.report_only else []:
         if "layer" in args.protocols:
-            run(task, "layer", limits[TASKS[task]], args)
+            run(task, "layer", task_limit(task, args), args)
         if "input" in args.protocols and TASKS[task] == "choice" and args.input_limit:
             run(task, "input", args.input_limit, args)
         write_results(args)

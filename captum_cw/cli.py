@@ -46,6 +46,7 @@ def _attribute(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from captum_cw.evaluation import EvaluationConfig, evaluate
     from captum_cw.evaluation.protocols import INPUT_METRICS, LAYER_METRICS, ProtocolConfig
+    from captum_cw.evaluation.report import aopc_cells
 
     metrics = tuple(args.metrics) if args.metrics else (LAYER_METRICS if args.protocol == "layer" else INPUT_METRICS)
     protocol = ProtocolConfig(
@@ -61,10 +62,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         measure = summary["primary"]
         print(f"{args.task}: {summary['n_examples']} examples; AOPC of {measure} (95% bootstrap interval)")
         print(f"{'metric':>20}  {'comprehensiveness':>30}  {'sufficiency':>30}")
-        for metric, modes in summary["aopc"].items():
-            cells = [f"{modes[m][measure]['mean']:.4f} [{modes[m][measure]['ci_low']:.4f}, "
-                     f"{modes[m][measure]['ci_high']:.4f}]" for m in ("comprehensiveness", "sufficiency")]
-            print(f"{metric:>20}  {cells[0]:>30}  {cells[1]:>30}")
+        for metric, comprehensiveness, sufficiency in aopc_cells(summary):
+            print(f"{metric:>20}  {comprehensiveness:>30}  {sufficiency:>30}")
         print(f"written to {args.out}")
     return 0
 

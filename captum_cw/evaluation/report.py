@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 
 from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve  # noqa: E402
 
-__all__ = ["bootstrap_interval", "summarize", "write_report", "PAPER_ORDER"]
+__all__ = ["aopc_cells", "bootstrap_interval", "summarize", "write_report", "PAPER_ORDER"]
 
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
 PRIMARY = {"choice": "prob_drop", "text": "delta_nll"}
@@ -67,6 +67,14 @@ def summarize(records: list[dict], seed: int = 0) -> dict[str, Any]:
         summary["clean_nll"] = _row([r["clean"]["nll"] for r in records], seed)
     summary["paper_order"] = paper_order(aopc, PRIMARY[kind])
     return summary
+
+
+def aopc_cells(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    r"""Per metric, its comprehensiveness and sufficiency AOPC of the primary measure as ``"mean [low, high]"``."""
+    measure = summary["primary"]
+    return [(metric, *(f"{modes[m][measure]['mean']:.4f} [{modes[m][measure]['ci_low']:.4f}, "
+                       f"{modes[m][measure]['ci_high']:.4f}]" for m in MODES))
+            for metric, modes in summary["aopc"].items()]
 
 
 def paper_order(aopc: dict, measure: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from captum_cw.evaluation.report import aopc_cells, plot_curves, summarize
+from captum_cw.evaluation.report import aopc_cells, ig_completeness_line, plot_curves, summarize
 from captum_cw.evaluation.runner import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +70,8 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     else:
         ranked = sorted(summary["aopc"], key=lambda m: -summary["aopc"][m]["comprehensiveness"][measure]["mean"])
         lines += ["", f"By comprehensiveness, most faithful first: {', '.join(ranked)}."]
+        if "ig_completeness" in summary:
+            lines += ["", ig_completeness_line(summary)]
     return lines + ["", f"![{task}, {protocol} level](faithfulness/{plot.name})", ""]
 
 

@@ -46,7 +46,7 @@ def _attribute(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from captum_cw.evaluation import EvaluationConfig, evaluate
     from captum_cw.evaluation.protocols import INPUT_METRICS, LAYER_METRICS, ProtocolConfig
-    from captum_cw.evaluation.report import aopc_cells
+    from captum_cw.evaluation.report import aopc_cells, ig_completeness_line
 
     metrics = tuple(args.metrics) if args.metrics else (LAYER_METRICS if args.protocol == "layer" else INPUT_METRICS)
     protocol = ProtocolConfig(
@@ -64,6 +64,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"{'metric':>20}  {'comprehensiveness':>30}  {'sufficiency':>30}")
         for metric, comprehensiveness, sufficiency in aopc_cells(summary):
             print(f"{metric:>20}  {comprehensiveness:>30}  {sufficiency:>30}")
+        if "ig_completeness" in summary:
+            print(ig_completeness_line(summary))
         print(f"written to {args.out}")
     return 0
 

@@ -16,6 +16,7 @@ from captum_cw.evaluation import EvaluationConfig, evaluate, load_examples
 from captum_cw.evaluation import protocols
 from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
 from captum_cw.evaluation.ranking import removal_from_ranking
+from captum_cw.evaluation.report import ig_completeness
 from captum_cw.evaluation.sequences import compare, encode
 from captum_cw.evaluation.tasks import Example
 from captum_cw.interventions import mask_values
@@ -136,12 +137,48 @@ def test_input_level_protocol(tiny):
                             ig_steps=4)
     record = evaluate_example(model, encoded, config)
     assert set(record["results"]) == {"ig", "cw_rollout", "attention_mean", "random"}
+    assert set(record["ig_completeness"]) == {"attribution_sum", "output_change"}
     deletion = evaluate_example(model, encoded, ProtocolConfig(protocol="input", metrics=("random",), bins=(50,),
                                                                removal="deletion"))
     assert "prob_drop" in deletion["results"]["random"]["sufficiency"]["50"]
     text = encode(load_examples("gsm8k", 1, DATA)[0], tokenizer, max_tokens=32)
     with pytest.raises(ValueError, match="input-level protocol explains a prediction"):
         evaluate_example(model, text, config)
+
+
+def test_ig_completeness_summary_on_hand_made_numbers():
+    checks = [{"attribution_sum": 3.0, "output_change": 1.0}, {"attribution_sum": -1.0, "output_change": -0.5},
+              {"attribution_sum": 0.25, "output_change": 0.5}]
+    assert ig_completeness(checks) == {"n": 3, "median_abs_gap": 0.5, "median_abs_output_change": 0.5}
+
+
+def test_integrated_gradients_against_brute_force(tiny, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(model.config, "pad_token_id", 0)  # a baseline token whose embedding is not zero
+    encoded = encode(load_examples("boolq", 1, DATA)[0], tokenizer, max_tokens=24)
+    choice = encoded.choices[1]
+    ids = encoded.sequences[choice.sequence]
+    scores, completeness = protocols._integrated_gradients(model, encoded, 1,
+                                                           ProtocolConfig(protocol="input", ig_steps=64))
+
+    def loglik(embeddings):  # (batch, n, d) -> (batch,): log-probability of choice 1, from scratch
+        logits = model(inputs_embeds=embeddings, use_cache=False).logits[:, choice.start].log_softmax(-1)
+        return logits[:, choice.tokens[0]]
+
+    embed = model.get_input_embeddings()
+    with torch.no_grad():
+        clean, baseline = embed(ids[None]), embed(torch.zeros_like(ids)[None])  # [1, n, d]
+    alphas = (torch.arange(256) + 0.5) / 256  # midpoint rule on the straight path
+    path = (baseline + alphas[:, None, None] * (clean - baseline)).requires_grad_(True)  # [256, n, d]
+    gradients, = torch.autograd.grad(loglik(path).sum(), path)
+    brute_force = ((clean - baseline)[0] * gradients.mean(0)).sum(-1).detach()  # [n]
+    torch.testing.assert_close(scores, brute_force, atol=1e-4, rtol=1e-3)
+    with torch.no_grad():
+        change = float(loglik(clean) - loglik(baseline))
+    assert completeness["output_change"] == pytest.approx(change, abs=1e-5)
+    assert completeness["attribution_sum"] == pytest.approx(float(scores.double().sum()), abs=1e-9)
+    assert completeness["attribution_sum"] == pytest.approx(change, rel=1e-3)  # IG's completeness axiom
+    assert all(parameter.requires_grad for parameter in model.parameters())  # frozen only while IG runs
 
 
 def _cli(args, **kwargs):

@@ -1,5 +1,6 @@
 """benchmarks/faithfulness_table.py --report-only: the tables of docs/RESULTS.md from finished runs."""
 
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -37,5 +38,9 @@ def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tin
     assert f"| cw_inter | {aopc:.4f} [{aopc:.4f}, {aopc:.4f}] |" in text
     input_section = text[text.index("## Input level"):]
     assert "| ig |" in input_section and "By comprehensiveness, most faithful first:" in input_section
+    checks = [record["ig_completeness"] for record in read_records(tmp_path / "mmlu_input")]
+    gap = statistics.median(abs(c["attribution_sum"] - c["output_change"]) for c in checks)
+    assert f"IG completeness (2 of 2 examples record it): median |sum of attributions - (f(x) - f(baseline))| = " \
+           f"{gap:.3g}," in input_section
     assert sorted(p.name for p in (tmp_path / "faithfulness").iterdir()) == ["gsm8k.png", "mmlu.png", "mmlu_input.png"]
     assert "![mmlu, input level](faithfulness/mmlu_input.png)" in input_section

@@ -10,8 +10,8 @@ context at every layer (or deleted from the input).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -134,7 +134,7 @@ def _measure_variants(model, encoded: EncodedExample, removals_per_sequence: lis
     return measure(encoded, logits)
 
 
-def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict]:
+def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict, dict]:
     layer_indices = list(range(n_layers)) if config.layers is None else [layer % n_layers for layer in config.layers]
     per_head = config.granularity == "head"
     variants = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
@@ -165,7 +165,7 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
         removals_per_sequence.append(removals)
     clean = measure(encoded, clean_logits)[0]
     perturbed = _measure_variants(model, encoded, removals_per_sequence, config, clean_below)
-    return clean, _nest(variants, perturbed, clean, encoded.example.label)
+    return clean, _nest(variants, perturbed, clean, encoded.example.label), {}
 
 
 def _nest(variants, perturbed, clean, label) -> dict:
@@ -176,8 +176,11 @@ def _nest(variants, perturbed, clean, label) -> dict:
 
 
 def _input_scores(model, encoded: EncodedExample, prediction: int, metrics: Sequence[str], config: ProtocolConfig,
-                  n_layers: int) -> dict[str, Tensor]:
-    r"""One score per token of the predicted choice's sequence ``(n,)``, per metric."""
+                  n_layers: int) -> tuple[dict[str, Tensor], dict]:
+    r"""
+    One score per token of the predicted choice's sequence ``(n,)``, per metric, and
+    with IG its completeness check ``{"ig_completeness": ...}`` (else ``{}``).
+    """
     choice = encoded.choices[prediction]
     ids = encoded.sequences[choice.sequence]
     n = len(ids)
@@ -195,12 +198,19 @@ def _input_scores(model, encoded: EncodedExample, prediction: int, metrics: Sequ
                 scores[metric] = aggregate_layers(token_level, rows.to(token_level.device), aggregation).sum(0).cpu()
     if "random" in metrics:
         scores["random"] = torch.rand(n, generator=_generator(config.seed, encoded.example.id))
+    diagnostics = {}
     if "ig" in metrics:
-        scores["ig"] = _integrated_gradients(model, encoded, prediction, config).cpu()
-    return scores
+        scores["ig"], diagnostics["ig_completeness"] = _integrated_gradients(model, encoded, prediction, config)
+    return scores, diagnostics
 
 
-def _integrated_gradients(model, encoded: EncodedExample, prediction: int, config: ProtocolConfig) -> Tensor:
+def _integrated_gradients(model, encoded: EncodedExample, prediction: int,
+                          config: ProtocolConfig) -> tuple[Tensor, dict[str, float]]:
+    r"""
+    IG scores ``(n,)`` of the predicted choice's log-likelihood, and their completeness:
+    ``attribution_sum`` should equal ``output_change`` = f(input) - f(baseline); the gap
+    shrinks with ``ig_steps``.
+    """
     choice = encoded.choices[prediction]
     ids = encoded.sequences[choice.sequence].to(next(model.parameters()).device)
     keep = encoded.rows_needed(choice.sequence)
@@ -212,13 +222,31 @@ def _integrated_gradients(model, encoded: EncodedExample, prediction: int, confi
                                      for s in range(len(encoded.sequences))])[:, 0]
 
     baseline_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    baseline = torch.full_like(ids[None], baseline_id)
     ig = LayerIntegratedGradients(predicted_loglik, model.get_input_embeddings())
-    attributions = ig.attribute(ids[None], baselines=torch.full_like(ids[None], baseline_id),
-                                n_steps=config.ig_steps, internal_batch_size=config.batch_size)
-    return attributions.sum(-1)[0].detach()  # [n]
+    with _frozen(model):
+        attributions = ig.attribute(ids[None], baselines=baseline, n_steps=config.ig_steps,
+                                    internal_batch_size=config.batch_size)
+    with torch.no_grad():
+        output_change = float(predicted_loglik(ids[None])[0] - predicted_loglik(baseline)[0])
+    scores = attributions.sum(-1)[0].detach().cpu()  # [n]
+    return scores, {"attribution_sum": float(scores.double().sum()), "output_change": output_change}
 
 
-def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict]:
+@contextmanager
+def _frozen(model: nn.Module) -> Iterator[None]:
+    r"""Turns off the parameters' gradients, which IG does not need (it saves their backward pass)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for parameter in trainable:
+            parameter.requires_grad_(False)
+        yield
+    finally:
+        for parameter in trainable:
+            parameter.requires_grad_(True)
+
+
+def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict, dict]:
     if not encoded.choices:
         raise ValueError("the input-level protocol explains a prediction: use it on a multiple-choice task "
                          "(mmlu, winogrande, boolq); text tasks take --protocol layer.")
@@ -226,7 +254,7 @@ def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
         clean_logits = [_forward(model, ids[None].to(next(model.parameters()).device), encoded.rows_needed(s))
                         for s, ids in enumerate(encoded.sequences)]
     clean = measure(encoded, clean_logits)[0]
-    scores = _input_scores(model, encoded, clean["prediction"], config.metrics, config, n_layers)
+    scores, diagnostics = _input_scores(model, encoded, clean["prediction"], config.metrics, config, n_layers)
     # only the context shared by every choice is ranked: its positions mean the same token in every sequence
     contexts = [encoded.sequences[c.sequence][: c.start + 1] for c in encoded.choices]
     shared = min(len(c) for c in contexts)
@@ -250,7 +278,7 @@ def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
                 {layer: (_pad(tokens, n)[None, :] & own)[None] for layer in range(n_layers)} for tokens in token_sets
             ])
         perturbed = _measure_variants(model, encoded, removals_per_sequence, config)
-    return clean, _nest(variants, perturbed, clean, encoded.example.label)
+    return clean, _nest(variants, perturbed, clean, encoded.example.label), diagnostics
 
 
 def _pad(tokens: Tensor, n: int) -> Tensor:
@@ -279,9 +307,11 @@ def evaluate_example(model: nn.Module, encoded: EncodedExample, config: Protocol
     Runs one example through the protocol.
 
     Returns:
-        A JSON-ready record ``{"id", "clean", "results": {metric: {mode: {bin: measures}}}}``.
+        A JSON-ready record ``{"id", "label", "clean", "results": {metric: {mode: {bin: measures}}}}``,
+        with IG also ``"ig_completeness": {"attribution_sum", "output_change"}``.
     """
     n_layers = len(find_attention_layers(model))
     run = _layer_level if config.protocol == "layer" else _input_level
-    clean, results = run(model, encoded, config, n_layers)
-    return {"id": encoded.example.id, "label": encoded.example.label, "clean": clean, "results": results}
+    clean, results, diagnostics = run(model, encoded, config, n_layers)
+    return {"id": encoded.example.id, "label": encoded.example.label, "clean": clean, "results": results,
+            **diagnostics}

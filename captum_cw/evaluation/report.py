@@ -15,7 +15,8 @@ import numpy as np  # noqa: E402
 
 from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve  # noqa: E402
 
-__all__ = ["aopc_cells", "bootstrap_interval", "summarize", "write_report", "PAPER_ORDER"]
+__all__ = ["aopc_cells", "bootstrap_interval", "ig_completeness", "ig_completeness_line", "summarize",
+           "write_report", "PAPER_ORDER"]
 
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
 PRIMARY = {"choice": "prob_drop", "text": "delta_nll"}
@@ -66,7 +67,30 @@ def summarize(records: list[dict], seed: int = 0) -> dict[str, Any]:
     else:
         summary["clean_nll"] = _row([r["clean"]["nll"] for r in records], seed)
     summary["paper_order"] = paper_order(aopc, PRIMARY[kind])
+    completeness = [r["ig_completeness"] for r in records if "ig_completeness" in r]
+    if completeness:
+        summary["ig_completeness"] = ig_completeness(completeness)
     return summary
+
+
+def ig_completeness(checks: list[dict[str, float]]) -> dict[str, float]:
+    r"""
+    How far IG's attributions are from summing to f(input) - f(baseline), over examples:
+    medians of ``|attribution_sum - output_change|`` and of ``|output_change|``.
+    """
+    gaps = [abs(c["attribution_sum"] - c["output_change"]) for c in checks]
+    return {"n": len(checks), "median_abs_gap": float(np.median(gaps)),
+            "median_abs_output_change": float(np.median([abs(c["output_change"]) for c in checks]))}
+
+
+def ig_completeness_line(summary: dict[str, Any]) -> str:
+    r"""One sentence on IG's completeness for a summary that has it, else ``""``."""
+    if "ig_completeness" not in summary:
+        return ""
+    check = summary["ig_completeness"]
+    return (f"IG completeness ({check['n']} of {summary['n_examples']} examples record it): median "
+            f"|sum of attributions - (f(x) - f(baseline))| = {check['median_abs_gap']:.3g}, against a median "
+            f"|f(x) - f(baseline)| of {check['median_abs_output_change']:.3g}.")
 
 
 def aopc_cells(summary: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from captum_cw.evaluation.report import aopc_cells, ig_completeness_line, plot_curves, summarize
+from captum_cw.evaluation.report import (aopc_cells, ig_completeness_line, order_verdict, plot_curves,
+                                      summarize)
 from captum_cw.evaluation.runner import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,8 +66,8 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     if protocol == "layer":
         order = summary["paper_order"]
         lines += ["", "Paper's order attention < value-weighted < output-normalised < CW (inter): "
-                  f"comprehensiveness {'holds' if order['comprehensiveness']['holds'] else 'does not hold'}, "
-                  f"sufficiency {'holds' if order['sufficiency']['holds'] else 'does not hold'}."]
+                  f"comprehensiveness {order_verdict(order['comprehensiveness'])}, "
+                  f"sufficiency {order_verdict(order['sufficiency'])}."]
     else:
         ranked = sorted(summary["aopc"], key=lambda m: -summary["aopc"][m]["comprehensiveness"][measure]["mean"])
         lines += ["", f"By comprehensiveness, most faithful first: {', '.join(ranked)}."]

@@ -16,7 +16,7 @@ from captum_cw.evaluation import EvaluationConfig, evaluate, load_examples
 from captum_cw.evaluation import protocols
 from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
 from captum_cw.evaluation.ranking import removal_from_ranking
-from captum_cw.evaluation.report import ig_completeness
+from captum_cw.evaluation.report import PAPER_ORDER, ig_completeness, order_verdict, paper_order
 from captum_cw.evaluation.sequences import compare, encode
 from captum_cw.evaluation.tasks import Example
 from captum_cw.interventions import mask_values
@@ -144,6 +144,30 @@ def test_input_level_protocol(tiny):
     text = encode(load_examples("gsm8k", 1, DATA)[0], tokenizer, max_tokens=32)
     with pytest.raises(ValueError, match="input-level protocol explains a prediction"):
         evaluate_example(model, text, config)
+
+
+def test_paper_order_on_hand_made_numbers():
+    def row(mean, low, high):
+        return {"prob_drop": {"mean": mean, "ci_low": low, "ci_high": high}}
+
+    aopc = {  # comprehensiveness rises along the order with disjoint intervals; sufficiency falls, overlapping
+        "attention": {"comprehensiveness": row(0.1, 0.05, 0.15), "sufficiency": row(0.40, 0.30, 0.50)},
+        "value_weighted": {"comprehensiveness": row(0.2, 0.16, 0.24), "sufficiency": row(0.39, 0.29, 0.49)},
+        "output_normalized": {"comprehensiveness": row(0.3, 0.25, 0.35), "sufficiency": row(0.38, 0.28, 0.48)},
+        "cw_inter": {"comprehensiveness": row(0.4, 0.36, 0.44), "sufficiency": row(0.10, 0.05, 0.15)},
+        "random": {"comprehensiveness": row(0.9, 0.8, 1.0), "sufficiency": row(0.9, 0.8, 1.0)},
+    }
+    order = paper_order(aopc, "prob_drop")
+    assert order["comprehensiveness"] == {"metrics": list(PAPER_ORDER), "aopc": [0.1, 0.2, 0.3, 0.4], "holds": True,
+                                          "separated": True}
+    assert order["sufficiency"]["holds"] is True and order["sufficiency"]["separated"] is False
+    assert order_verdict(order["comprehensiveness"]) == "holds, every step with separated intervals"
+    assert order_verdict(order["sufficiency"]) == "holds by the means (intervals overlap)"
+    aopc["value_weighted"]["comprehensiveness"] = row(0.35, 0.3, 0.4)  # above output-normalised: the chain breaks
+    order = paper_order(aopc, "prob_drop")
+    assert order["comprehensiveness"]["holds"] is False and order_verdict(order["comprehensiveness"]) == "does not hold"
+    only_cw = paper_order({"cw_inter": aopc["cw_inter"]}, "prob_drop")
+    assert only_cw["sufficiency"]["holds"] is None and order_verdict(only_cw["sufficiency"]) == "not applicable"
 
 
 def test_ig_completeness_summary_on_hand_made_numbers():

@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 
 from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve  # noqa: E402
 
-__all__ = ["aopc_cells", "bootstrap_interval", "ig_completeness", "ig_completeness_line", "summarize",
-           "write_report", "PAPER_ORDER"]
+__all__ = ["aopc_cells", "bootstrap_interval", "ig_completeness", "ig_completeness_line", "order_verdict",
+           "paper_order", "summarize", "write_report", "PAPER_ORDER"]
 
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
 PRIMARY = {"choice": "prob_drop", "text": "delta_nll"}
@@ -102,15 +102,32 @@ def aopc_cells(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def paper_order(aopc: dict, measure: str) -> dict[str, Any]:
-    r"""Whether attention < value-weighted < output-normalised < CW holds (higher comprehensiveness,
-    lower sufficiency is more faithful), by the AOPC means."""
+    r"""
+    Whether attention < value-weighted < output-normalised < CW holds (higher comprehensiveness,
+    lower sufficiency is more faithful): ``holds`` by the AOPC means, ``separated`` also with every
+    step's 95% intervals apart. Both are None with fewer than two of these metrics.
+    """
     present = [m for m in PAPER_ORDER if m in aopc]
     result = {}
     for mode, better_is_higher in (("comprehensiveness", True), ("sufficiency", False)):
-        values = [aopc[m][mode][measure]["mean"] for m in present]
-        steps = [b > a if better_is_higher else b < a for a, b in zip(values, values[1:])]
-        result[mode] = {"metrics": present, "aopc": values, "holds": all(steps) if steps else None}
+        rows = [aopc[m][mode][measure] for m in present]
+        pairs = list(zip(rows, rows[1:])) if better_is_higher else [(b, a) for a, b in zip(rows, rows[1:])]
+        holds = [upper["mean"] > lower["mean"] for lower, upper in pairs]
+        separated = [upper["ci_low"] > lower["ci_high"] for lower, upper in pairs]
+        result[mode] = {"metrics": present, "aopc": [row["mean"] for row in rows],
+                        "holds": all(holds) if pairs else None, "separated": all(separated) if pairs else None}
     return result
+
+
+def order_verdict(order: dict[str, Any]) -> str:
+    r"""``paper_order(...)[mode]`` in words."""
+    if order["holds"] is None:
+        return "not applicable"
+    if not order["holds"]:
+        return "does not hold"
+    if order["separated"]:
+        return "holds, every step with separated intervals"
+    return "holds by the means (intervals overlap)"
 
 
 def write_report(records: list[dict], config, out: Path) -> dict[str, Any]:

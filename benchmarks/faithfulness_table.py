@@ -71,8 +71,8 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     else:
         ranked = sorted(summary["aopc"], key=lambda m: -summary["aopc"][m]["comprehensiveness"][measure]["mean"])
         lines += ["", f"By comprehensiveness, most faithful first: {', '.join(ranked)}."]
-        if "ig_completeness" in summary:
-            lines += ["", ig_completeness_line(summary)]
+        if completeness := ig_completeness_line(summary):
+            lines += ["", completeness]
     return lines + ["", f"![{task}, {protocol} level](faithfulness/{plot.name})", ""]
 
 

@@ -64,8 +64,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"{'metric':>20}  {'comprehensiveness':>30}  {'sufficiency':>30}")
         for metric, comprehensiveness, sufficiency in aopc_cells(summary):
             print(f"{metric:>20}  {comprehensiveness:>30}  {sufficiency:>30}")
-        if "ig_completeness" in summary:
-            print(ig_completeness_line(summary))
+        if completeness := ig_completeness_line(summary):
+            print(completeness)
         print(f"written to {args.out}")
     return 0
 

@@ -182,8 +182,6 @@ def test_integrated_gradients_against_brute_force(tiny, monkeypatch):
     encoded = encode(load_examples("boolq", 1, DATA)[0], tokenizer, max_tokens=24)
     choice = encoded.choices[1]
     ids = encoded.sequences[choice.sequence]
-    scores, completeness = protocols._integrated_gradients(model, encoded, 1,
-                                                           ProtocolConfig(protocol="input", ig_steps=64))
 
     def loglik(embeddings):  # (batch, n, d) -> (batch,): log-probability of choice 1, from scratch
         logits = model(inputs_embeds=embeddings, use_cache=False).logits[:, choice.start].log_softmax(-1)
@@ -192,6 +190,9 @@ def test_integrated_gradients_against_brute_force(tiny, monkeypatch):
     embed = model.get_input_embeddings()
     with torch.no_grad():
         clean, baseline = embed(ids[None]), embed(torch.zeros_like(ids)[None])  # [1, n, d]
+        clean_run = {"prediction": 1, "logliks": [math.nan, float(loglik(clean))]}  # f(x) comes from the clean run
+    scores, completeness = protocols._integrated_gradients(model, encoded, clean_run,
+                                                           ProtocolConfig(protocol="input", ig_steps=64))
     alphas = (torch.arange(256) + 0.5) / 256  # midpoint rule on the straight path
     path = (baseline + alphas[:, None, None] * (clean - baseline)).requires_grad_(True)  # [256, n, d]
     gradients, = torch.autograd.grad(loglik(path).sum(), path)

@@ -175,13 +175,13 @@ def _nest(variants, perturbed, clean, label) -> dict:
     return results
 
 
-def _input_scores(model, encoded: EncodedExample, prediction: int, metrics: Sequence[str], config: ProtocolConfig,
+def _input_scores(model, encoded: EncodedExample, clean: dict, metrics: Sequence[str], config: ProtocolConfig,
                   n_layers: int) -> tuple[dict[str, Tensor], dict]:
     r"""
     One score per token of the predicted choice's sequence ``(n,)``, per metric, and
     with IG its completeness check ``{"ig_completeness": ...}`` (else ``{}``).
     """
-    choice = encoded.choices[prediction]
+    choice = encoded.choices[clean["prediction"]]
     ids = encoded.sequences[choice.sequence]
     n = len(ids)
     rows = torch.arange(choice.start, choice.start + len(choice.tokens))
@@ -200,17 +200,18 @@ def _input_scores(model, encoded: EncodedExample, prediction: int, metrics: Sequ
         scores["random"] = torch.rand(n, generator=_generator(config.seed, encoded.example.id))
     diagnostics = {}
     if "ig" in metrics:
-        scores["ig"], diagnostics["ig_completeness"] = _integrated_gradients(model, encoded, prediction, config)
+        scores["ig"], diagnostics["ig_completeness"] = _integrated_gradients(model, encoded, clean, config)
     return scores, diagnostics
 
 
-def _integrated_gradients(model, encoded: EncodedExample, prediction: int,
+def _integrated_gradients(model, encoded: EncodedExample, clean: dict,
                           config: ProtocolConfig) -> tuple[Tensor, dict[str, float]]:
     r"""
     IG scores ``(n,)`` of the predicted choice's log-likelihood, and their completeness:
-    ``attribution_sum`` should equal ``output_change`` = f(input) - f(baseline); the gap
-    shrinks with ``ig_steps``.
+    ``attribution_sum`` should equal ``output_change`` = f(input) - f(baseline), with
+    f(input) taken from the clean run; the gap shrinks with ``ig_steps``.
     """
+    prediction = clean["prediction"]
     choice = encoded.choices[prediction]
     ids = encoded.sequences[choice.sequence].to(next(model.parameters()).device)
     keep = encoded.rows_needed(choice.sequence)
@@ -228,7 +229,7 @@ def _integrated_gradients(model, encoded: EncodedExample, prediction: int,
         attributions = ig.attribute(ids[None], baselines=baseline, n_steps=config.ig_steps,
                                     internal_batch_size=config.batch_size)
     with torch.no_grad():
-        output_change = float(predicted_loglik(ids[None])[0] - predicted_loglik(baseline)[0])
+        output_change = clean["logliks"][prediction] - float(predicted_loglik(baseline)[0])
     scores = attributions.sum(-1)[0].detach().cpu()  # [n]
     return scores, {"attribution_sum": float(scores.double().sum()), "output_change": output_change}
 
@@ -254,7 +255,7 @@ def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
         clean_logits = [_forward(model, ids[None].to(next(model.parameters()).device), encoded.rows_needed(s))
                         for s, ids in enumerate(encoded.sequences)]
     clean = measure(encoded, clean_logits)[0]
-    scores, diagnostics = _input_scores(model, encoded, clean["prediction"], config.metrics, config, n_layers)
+    scores, diagnostics = _input_scores(model, encoded, clean, config.metrics, config, n_layers)
     # only the context shared by every choice is ranked: its positions mean the same token in every sequence
     contexts = [encoded.sequences[c.sequence][: c.start + 1] for c in encoded.choices]
     shared = min(len(c) for c in contexts)

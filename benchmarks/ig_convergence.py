@@ -43,11 +43,11 @@ def measure_example(model, encoded, steps: list[int], batch_size: int) -> list[d
     with torch.no_grad():
         logits = [_forward(model, ids[None].to(device), encoded.rows_needed(s))
                   for s, ids in enumerate(encoded.sequences)]
-    prediction = measure(encoded, logits)[0]["prediction"]
+    clean = measure(encoded, logits)[0]
     runs = {}
     for count in steps:
         config = ProtocolConfig(protocol="input", ig_steps=count, batch_size=batch_size)
-        runs[count] = _integrated_gradients(model, encoded, prediction, config)
+        runs[count] = _integrated_gradients(model, encoded, clean, config)
     reference = runs[max(steps)][0]
     rows = []
     for count, (scores, completeness) in runs.items():

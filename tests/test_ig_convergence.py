@@ -50,6 +50,7 @@ def test_script_reports_gap_and_agreement(tiny_llm_dir, tmp_path):
                          .gather(-1, torch.tensor(c.tokens)[:, None]).sum())
                    for c, ids in zip(encoded.choices, encoded.sequences)]
     prediction = max(range(len(logliks)), key=logliks.__getitem__)
-    _, completeness = _integrated_gradients(model, encoded, prediction, ProtocolConfig(protocol="input", ig_steps=4))
+    clean = {"prediction": prediction, "logliks": logliks}
+    _, completeness = _integrated_gradients(model, encoded, clean, ProtocolConfig(protocol="input", ig_steps=4))
     assert cells[2] == f"{completeness['output_change']:.3f}"
     assert cells[4] == f"{completeness['attribution_sum'] - completeness['output_change']:.3f}"

@@ -17,8 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from captum_cw.evaluation.report import (aopc_cells, ig_completeness_line, order_verdict, plot_curves,
-                                      summarize)
+from captum_cw.evaluation.report import aopc_cells, ig_completeness_line, order_verdict, plot_curves, summarize
 from captum_cw.evaluation.runner import read_records
 
 ROOT = Path(__file__).resolve().parents[1]

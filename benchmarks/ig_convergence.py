@@ -15,18 +15,15 @@ import argparse
 import math
 from pathlib import Path
 
-import matplotlib
+import torch
+from matplotlib.figure import Figure
+from scipy.stats import spearmanr
+from tqdm.auto import tqdm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-from captum_cw.evaluation import load_examples  # noqa: E402
-from captum_cw.evaluation.protocols import ProtocolConfig, _forward, _integrated_gradients  # noqa: E402
-from captum_cw.evaluation.sequences import encode, measure  # noqa: E402
-from captum_cw.models import load_model  # noqa: E402
+from captum_cw.evaluation import load_examples
+from captum_cw.evaluation.protocols import ProtocolConfig, _forward, _integrated_gradients
+from captum_cw.evaluation.sequences import encode, measure
+from captum_cw.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +75,8 @@ def write(results: dict[str, list[dict]], args) -> None:
                                   if s != most) + " |")
     plot = path.parent / "faithfulness" / "ig_convergence.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure = Figure(figsize=(6, 4))
+    axis = figure.subplots()
     for example, rows in results.items():
         axis.plot([r["steps"] for r in rows], [abs(r["gap"]) / max(abs(r["output_change"]), 1e-12) for r in rows],
                   marker="o", label=example)
@@ -90,7 +88,6 @@ def write(results: dict[str, list[dict]], args) -> None:
     axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(plot, dpi=110)
-    plt.close(figure)
     lines += ["", f"![IG completeness by steps](faithfulness/{plot.name})", ""]
     path.write_text("\n".join(lines))
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from torch import Tensor  # noqa: E402
+from matplotlib.figure import Figure
+from torch import Tensor
 
 __all__ = ["plot_layer_token_heatmaps"]
 
@@ -30,8 +27,8 @@ def plot_layer_token_heatmaps(
         The path written.
     """
     n_layers, n_tokens = next(iter(panels.values())).shape
-    figure, axes = plt.subplots(1, len(panels), figsize=(2 + 0.45 * n_tokens * len(panels), 1.5 + 0.18 * n_layers),
-                                squeeze=False)
+    figure = Figure(figsize=(2 + 0.45 * n_tokens * len(panels), 1.5 + 0.18 * n_layers))
+    axes = figure.subplots(1, len(panels), squeeze=False)
     for axis, (name, scores) in zip(axes[0], panels.items()):
         values = scores.detach().float().cpu().numpy()
         limit = max(abs(values).max(), 1e-12)
@@ -46,5 +43,4 @@ def plot_layer_token_heatmaps(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return path

@@ -8,17 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-from transformers import PreTrainedTokenizerBase  # noqa: E402
-
-from captum_cw.evaluation.report import bootstrap_interval  # noqa: E402
-from captum_cw.sinks import analyze_sinks, sink_norm_effect  # noqa: E402
+from captum_cw.evaluation.report import bootstrap_interval
+from captum_cw.sinks import analyze_sinks, sink_norm_effect
 
 __all__ = ["sink_study"]
 
@@ -107,7 +104,8 @@ def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, A
 
 def _plot(analyses, effects, token_lists, out: Path) -> None:
     first, tokens = analyses[0], token_lists[0]
-    figure, axis = plt.subplots(figsize=(min(2 + 0.25 * len(tokens), 30), 6))
+    figure = Figure(figsize=(min(2 + 0.25 * len(tokens), 30), 6))
+    axis = figure.subplots()
     image = axis.imshow(first.received.numpy(), aspect="auto", cmap="viridis")
     axis.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
     axis.set_ylabel("layer")
@@ -115,9 +113,9 @@ def _plot(analyses, effects, token_lists, out: Path) -> None:
     figure.colorbar(image, ax=axis)
     figure.tight_layout()
     figure.savefig(out / "sinks_received.png", dpi=110)
-    plt.close(figure)
 
-    figure, axes = plt.subplots(1, 4, figsize=(16, 3.5))
+    figure = Figure(figsize=(16, 3.5))
+    axes = figure.subplots(1, 4)
     for axis, name in zip(axes, ("attention", "relative_norm", "cosine", "cw")):
         values = torch.stack([a.factors[name] for a in analyses]).nanmean(0)  # [layer, 2]
         axis.plot(values[:, 0], marker="o", label="sinks")
@@ -129,9 +127,9 @@ def _plot(analyses, effects, token_lists, out: Path) -> None:
     figure.suptitle("three-factor decomposition (intra-head): sinks vs other tokens")
     figure.tight_layout()
     figure.savefig(out / "sinks_factors.png", dpi=110)
-    plt.close(figure)
 
-    figure, axis = plt.subplots(figsize=(7, 3.5))
+    figure = Figure(figsize=(7, 3.5))
+    axis = figure.subplots()
     axis.plot(torch.stack([a.cos_sink_rest for a in analyses]).mean((0, 2)), marker="o",
               label="cos(vt_sink, non-sink mix)")
     axis.plot(torch.stack([a.cos_sink_output for a in analyses]).mean((0, 2)), marker="o", label="cos(vt_sink, o_h)")
@@ -141,9 +139,9 @@ def _plot(analyses, effects, token_lists, out: Path) -> None:
     axis.set_title("anti-alignment of the sink's projected value")
     figure.tight_layout()
     figure.savefig(out / "sinks_alignment.png", dpi=110)
-    plt.close(figure)
 
-    figure, axis = plt.subplots(figsize=(4.5, 4.5))
+    figure = Figure(figsize=(4.5, 4.5))
+    axis = figure.subplots()
     rates = torch.cat([a.sink_rate.flatten() for a in analyses])
     optimal = torch.cat([a.optimal_rate.flatten() for a in analyses])
     axis.scatter(rates, optimal, s=2, alpha=0.2)
@@ -153,11 +151,11 @@ def _plot(analyses, effects, token_lists, out: Path) -> None:
     axis.set_title("convexity: norm-minimising sink rate")
     figure.tight_layout()
     figure.savefig(out / "sinks_convexity.png", dpi=110)
-    plt.close(figure)
 
     cosine = torch.stack([e.cosine for e in effects])  # [text, 2, layer, head]
     low = torch.stack([e.low_norm for e in effects])
-    figure, axis = plt.subplots(figsize=(7, 3.5))
+    figure = Figure(figsize=(7, 3.5))
+    axis = figure.subplots()
     for group, mask in (("low-norm heads", low), ("other heads", ~low)):
         for when, style in ((0, "--"), (1, "-")):
             values = torch.where(mask, cosine[:, when], torch.nan).nanmean((0, 2))
@@ -168,4 +166,3 @@ def _plot(analyses, effects, token_lists, out: Path) -> None:
     axis.set_title("removing the sink's value norm")
     figure.tight_layout()
     figure.savefig(out / "sinks_norm_effect.png", dpi=110)
-    plt.close(figure)

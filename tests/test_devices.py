@@ -4,8 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from captum_cw import ContributionWeights
-from captum_cw import geometry
+from captum_cw import ContributionWeights, geometry
 from tiny_models import FAMILIES, example_inputs
 
 

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from captum_cw import ContributionWeights
-from captum_cw.evaluation import EvaluationConfig, evaluate, load_examples
-from captum_cw.evaluation import protocols
+from captum_cw.evaluation import EvaluationConfig, evaluate, load_examples, protocols
 from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
 from captum_cw.evaluation.ranking import removal_from_ranking
 from captum_cw.evaluation.report import PAPER_ORDER, ig_completeness, order_verdict, paper_order

@@ -3,8 +3,8 @@ reference needs to know about them, written independently of captum_cw."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import transformers

@@ -7,13 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve  # noqa: E402
+from captum_cw.evaluation.ranking import MODES
+from captum_cw.evaluation.ranking import aopc as area_over_curve
 
 __all__ = ["aopc_cells", "bootstrap_interval", "ig_completeness", "ig_completeness_line", "order_verdict",
            "paper_order", "summarize", "write_report", "PAPER_ORDER"]
@@ -155,7 +153,8 @@ def write_report(records: list[dict], config, out: Path) -> dict[str, Any]:
 def plot_curves(summary: dict, path: Path, title: str = "") -> None:
     r"""Drop of the primary measure against the bin, one line per metric, with 95% intervals."""
     measure = summary["primary"]
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figure = Figure(figsize=(11, 4))
+    axes = figure.subplots(1, 2)
     for axis, mode in zip(axes, MODES):
         for metric, modes in summary["bins"].items():
             bins = list(modes[mode])
@@ -175,4 +174,3 @@ def plot_curves(summary: dict, path: Path, title: str = "") -> None:
         figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    plt.close(figure)

@@ -21,8 +21,8 @@ from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
 from captum_cw.evaluation import load_examples
-from captum_cw.evaluation.protocols import ProtocolConfig, _forward, _integrated_gradients
-from captum_cw.evaluation.sequences import encode, measure
+from captum_cw.evaluation.protocols import ProtocolConfig, _integrated_gradients, measure_unperturbed
+from captum_cw.evaluation.sequences import encode
 from captum_cw.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,11 +36,7 @@ def top_overlap(scores: torch.Tensor, reference: torch.Tensor, percent: float = 
 
 def measure_example(model, encoded, steps: list[int], batch_size: int) -> list[dict]:
     r"""One row per number of steps: completeness gap and agreement with the most steps."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        logits = [_forward(model, ids[None].to(device), encoded.rows_needed(s))
-                  for s, ids in enumerate(encoded.sequences)]
-    clean = measure(encoded, logits)[0]
+    clean = measure_unperturbed(model, encoded)
     runs = {}
     for count in steps:
         config = ProtocolConfig(protocol="input", ig_steps=count, batch_size=batch_size)

@@ -251,10 +251,7 @@ def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
     if not encoded.choices:
         raise ValueError("the input-level protocol explains a prediction: use it on a multiple-choice task "
                          "(mmlu, winogrande, boolq); text tasks take --protocol layer.")
-    with torch.no_grad():
-        clean_logits = [_forward(model, ids[None].to(next(model.parameters()).device), encoded.rows_needed(s))
-                        for s, ids in enumerate(encoded.sequences)]
-    clean = measure(encoded, clean_logits)[0]
+    clean = measure_unperturbed(model, encoded)
     scores, diagnostics = _input_scores(model, encoded, clean, config.metrics, config, n_layers)
     # only the context shared by every choice is ranked: its positions mean the same token in every sequence
     contexts = [encoded.sequences[c.sequence][: c.start + 1] for c in encoded.choices]
@@ -296,11 +293,16 @@ def _deleted(model, encoded: EncodedExample, tokens: Tensor) -> dict:
         keep = ~_pad(tokens, len(ids))
         sequences.append(ids[keep])
         choices.append(Choice(len(sequences) - 1, int(keep[: choice.start + 1].sum()) - 1, choice.tokens))
-    view = EncodedExample(encoded.example, sequences, choices, [s == -1 for s in sequences])
+    return measure_unperturbed(model, EncodedExample(encoded.example, sequences, choices, [s == -1 for s in sequences]))
+
+
+def measure_unperturbed(model: nn.Module, encoded: EncodedExample) -> dict:
+    r"""The example's measures (``logliks`` and ``prediction``, or ``nll``) from one plain forward per sequence."""
     device = next(model.parameters()).device
     with torch.no_grad():
-        logits = [_forward(model, ids[None].to(device), view.rows_needed(s)) for s, ids in enumerate(sequences)]
-    return measure(view, logits)[0]
+        logits = [_forward(model, ids[None].to(device), encoded.rows_needed(s))
+                  for s, ids in enumerate(encoded.sequences)]
+    return measure(encoded, logits)[0]
 
 
 def evaluate_example(model: nn.Module, encoded: EncodedExample, config: ProtocolConfig) -> dict:

@@ -111,10 +111,10 @@ class AttentionCall:
             Tensor ``(batch, n_heads, n_rows, n_key)``.
         """
         scores = self.scores(rows)
-        allowed = self.allowed_keys(rows).expand_as(scores)
-        has_key = allowed.any(-1, keepdim=True)  # [batch, head, row, 1]
-        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~has_key, 0.0)
-        return torch.softmax(scores, dim=-1) * has_key
+        allowed = self.allowed_keys(rows)  # broadcastable to scores
+        alpha = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        has_key = allowed.any(-1, keepdim=True)  # [batch or 1, head or 1, row, 1]
+        return alpha if has_key.all() else torch.where(has_key, alpha, 0.0)
 
 
 def _eager_function(module: nn.Module) -> Callable:

@@ -1,8 +1,10 @@
 """Examples per minute of the evaluator vs a naive loop (one full forward per metric and per variant).
 
-    python benchmarks/bench_evaluator.py [--examples 3] [--device cuda] [--dtype bfloat16]
+    python benchmarks/bench_evaluator.py [--examples 3] [--device cuda] [--dtype bfloat16] [--batch-size 16]
 
-Appends its table to benchmarks/RESULTS.md. Both runs use the same examples, side by side in one process.
+Appends its table to benchmarks/RESULTS.md. All runs use the same examples, side by side in one process.
+The floor row runs the evaluator's forwards alone (clean pass and batched variants, no scores, no
+interventions): no schedule of the same forwards beats it on the machine at hand.
 """
 
 from __future__ import annotations
@@ -49,52 +51,71 @@ def naive(model, encoded, config: ProtocolConfig) -> None:
         measure(encoded, [logits[:, -encoded.rows_needed(0):]])
 
 
+def floor(model, encoded, config: ProtocolConfig, n_variants: int) -> None:
+    """The evaluator's forwards alone: one clean pass and the variants batched, nothing else."""
+    device = next(model.parameters()).device
+    keep = encoded.rows_needed(0)
+    ids = encoded.sequences[0].to(device)
+    with torch.no_grad():
+        logits = [model(ids[None], use_cache=False, logits_to_keep=keep).logits]
+        for first in range(0, n_variants, config.batch_size):
+            batch = ids.expand(min(config.batch_size, n_variants - first), -1)
+            logits.append(model(batch, use_cache=False, logits_to_keep=keep).logits)
+    measure(encoded, [torch.cat(logits)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--examples", type=int, default=3)
     parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--batch-size", type=int, default=ProtocolConfig.batch_size)
     args = parser.parse_args()
     model, tokenizer = load_model("smollm2-135m", device=args.device, dtype=getattr(torch, args.dtype))
     examples = [encode(e, tokenizer, 256) for e in load_examples("mmlu", args.examples, args.data_dir)]
-    config = ProtocolConfig(metrics=LAYER_METRICS)
+    config = ProtocolConfig(metrics=LAYER_METRICS, batch_size=args.batch_size)
+    n_variants = len(config.metrics) * len(MODES) * len(config.bins)
+    layer_configs = {reuse: ProtocolConfig(metrics=LAYER_METRICS, layers=(20,), reuse_clean=reuse,
+                                           batch_size=args.batch_size) for reuse in (False, True)}
+    runs = {
+        "naive": lambda encoded: naive(model, encoded, config),
+        "evaluator": lambda encoded: evaluate_example(model, encoded, config),
+        "floor": lambda encoded: floor(model, encoded, config, n_variants),
+        "layer 20": lambda encoded: evaluate_example(model, encoded, layer_configs[False]),
+        "layer 20, reuse": lambda encoded: evaluate_example(model, encoded, layer_configs[True]),
+    }
     evaluate_example(model, examples[0], config)  # warm-up
-    start = time.perf_counter()
-    for encoded in examples:
-        evaluate_example(model, encoded, config)
-    fast = time.perf_counter() - start
-    start = time.perf_counter()
-    for encoded in examples:
-        naive(model, encoded, config)
-    slow = time.perf_counter() - start
-    timings = {}
-    for reuse in (False, True):
-        layer_config = ProtocolConfig(metrics=LAYER_METRICS, layers=(20,), reuse_clean=reuse)
-        start = time.perf_counter()
-        for encoded in examples:
-            evaluate_example(model, encoded, layer_config)
-        timings[reuse] = time.perf_counter() - start
+    seconds = dict.fromkeys(runs, 0.0)
+    for encoded in examples:  # runs interleaved per example, so that a change in the machine's load hits all
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run(encoded)
+            seconds[name] += time.perf_counter() - start
+    per_minute = {name: 60 * len(examples) / value for name, value in seconds.items()}
+    slow, fast, least = seconds["naive"], seconds["evaluator"], seconds["floor"]
     mean_tokens = sum(len(e.sequences[0]) for e in examples) / len(examples)
     text = "\n".join([
         "",
         f"## Faithfulness evaluator vs a naive loop (SmolLM2 {args.dtype} on {args.device}, MMLU, "
         f"{args.examples} examples, "
-        f"{mean_tokens:.0f} tokens on average, 6 metrics x 5 bins x 2 modes = 60 variants each)",
+        f"{mean_tokens:.0f} tokens on average, 6 metrics x 5 bins x 2 modes = {n_variants} variants each)",
         "",
         "| run | examples per minute |",
         "|---|---|",
-        f"| naive: one forward per metric and per variant | {60 * len(examples) / slow:.2f} |",
-        f"| evaluator: one clean pass for all metrics, variants batched by 16 | {60 * len(examples) / fast:.2f} "
-        f"({slow / fast:.2f}x) |",
+        f"| naive: one forward per metric and per variant | {per_minute['naive']:.2f} |",
+        f"| evaluator: one clean pass for all metrics, variants batched by {config.batch_size} | "
+        f"{per_minute['evaluator']:.2f} ({slow / fast:.2f}x) |",
+        f"| floor: the evaluator's forwards alone, no scores, no interventions | {per_minute['floor']:.2f} "
+        f"({slow / least:.2f}x) |",
         "",
         "Intervening at layer 20 only (of 30):",
         "",
         "| run | examples per minute |",
         "|---|---|",
-        f"| evaluator, every variant runs all 30 blocks | {60 * len(examples) / timings[False]:.2f} |",
-        f"| evaluator, variants reuse the clean output of blocks 0-19 | {60 * len(examples) / timings[True]:.2f} "
-        f"({timings[False] / timings[True]:.2f}x) |",
+        f"| evaluator, every variant runs all 30 blocks | {per_minute['layer 20']:.2f} |",
+        f"| evaluator, variants reuse the clean output of blocks 0-19 | {per_minute['layer 20, reuse']:.2f} "
+        f"({seconds['layer 20'] / seconds['layer 20, reuse']:.2f}x) |",
         "",
     ])
     print(text)

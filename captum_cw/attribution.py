@@ -110,6 +110,12 @@ class _AttentionGeometryAttribution(Attribution):
             )
         return output
 
+    def _selected_heads(self, per_head: Tensor) -> Tensor:
+        r"""The selected heads of ``(batch, head, row, key)`` scores; no copy when all are selected in order."""
+        if self.heads == list(range(per_head.shape[1])):
+            return per_head
+        return per_head.index_select(1, torch.tensor(self.heads, device=per_head.device))
+
     def _completeness_gap(self, geometry: HeadGeometry, metric: Tensor) -> Tensor:
         r"""Largest ``|row sum - 1|`` per example over the rows where the identity applies: ``(batch,)``."""
         active = geometry.alpha.sum(-1) > 0  # [batch, head, row]
@@ -216,7 +222,6 @@ class _AttentionGeometryAttribution(Attribution):
         """
         model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
         device = model_inputs.main.device
-        heads = torch.tensor(self.heads)
         state: dict[str, Tensor] = {}
 
         def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
@@ -226,7 +231,7 @@ class _AttentionGeometryAttribution(Attribution):
             if self.completeness is not None:
                 gap = self._completeness_gap(geometry, metric).to(device, torch.float32)
                 state["gap"] = torch.maximum(state["gap"], gap)
-            selected = metric.index_select(1, heads.to(metric.device))  # [batch, head, row, key]
+            selected = self._selected_heads(metric)  # [batch, head, row, key]
             if not per_head:
                 selected = selected.sum(1) if self.head_reduction == "sum" else selected.mean(1)
             slots = state["slot_of_row"][rows.to(device)]
@@ -304,7 +309,6 @@ class ContributionWeights(_AttentionGeometryAttribution):
         """
         model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
         device = model_inputs.main.device
-        heads = torch.tensor(self.heads)
         state: dict[str, Tensor] = {}
 
         def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
@@ -315,7 +319,7 @@ class ContributionWeights(_AttentionGeometryAttribution):
             slots = state["slot_of_row"][rows.to(device)]
             padding = model_inputs.padding_mask
             for index, factor in enumerate(factors):
-                selected = factor.index_select(1, heads.to(factor.device)).to(device, torch.float32)
+                selected = self._selected_heads(factor).to(device, torch.float32)
                 if padding is not None:  # padded keys and rows are 0 in every factor
                     selected = selected * (padding[:, None, rows, None] & padding[:, None, None, :])
                 state["factors"][index, :, k].index_copy_(-2, slots, selected)

@@ -89,16 +89,16 @@ class AttentionCall:
         return allowed
 
     def scores(self, rows: Tensor) -> Tensor:
-        r"""Pre-softmax logits of the given rows: ``(batch, n_heads, n_rows, n_key)``."""
+        r"""Pre-softmax logits of the given rows: ``(batch, n_heads, n_rows, n_key)``, a new tensor."""
         query = self.query.detach().index_select(2, rows).to(self.compute_dtype)  # [batch, head, row, d_head]
         key = self.key.detach().to(self.compute_dtype)
         key = key.repeat_interleave(self.n_heads // key.shape[1], dim=1)  # [batch, head, key, d_head]
-        scores = query @ key.transpose(-1, -2) * self.scaling  # [batch, head, row, key]
+        scores = (query * self.scaling) @ key.transpose(-1, -2)  # [batch, head, row, key]; scaled on the smaller side
         if self.mask is not None and self.mask.dim() == 4 and self.mask.is_floating_point():
             bias = self.mask.index_select(2, rows).to(self.compute_dtype)
-            scores = scores + torch.where(bias > torch.finfo(bias.dtype).min / 2, bias, 0.0)
+            scores.add_(torch.where(bias > torch.finfo(bias.dtype).min / 2, bias, 0.0))
         if self.softcap is not None:
-            scores = torch.tanh(scores / self.softcap) * self.softcap
+            scores.div_(self.softcap).tanh_().mul_(self.softcap)
         return scores
 
     def alpha(self, rows: Tensor) -> Tensor:
@@ -112,7 +112,7 @@ class AttentionCall:
         """
         scores = self.scores(rows)
         allowed = self.allowed_keys(rows)  # broadcastable to scores
-        alpha = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        alpha = torch.softmax(scores.masked_fill_(~allowed, float("-inf")), dim=-1)  # in place: scores are ours
         has_key = allowed.any(-1, keepdim=True)  # [batch or 1, head or 1, row, 1]
         return alpha if has_key.all() else torch.where(has_key, alpha, 0.0)
 

@@ -54,7 +54,7 @@ class HeadGeometry:
     @cached_property
     def layer_output(self) -> Tensor:
         r"""``o[i] = sum_h o_h[h, i]`` (without the output bias): ``(batch, row, d_model)``."""
-        return self.head_outputs.sum(1)
+        return torch.einsum("bhrd,hdm->brm", self.mixed_values, self.head_projections)  # one product over (h, d)
 
     @cached_property
     def value_norms(self) -> Tensor:
@@ -88,6 +88,14 @@ class HeadGeometry:
         r"""``<o_h[h, i], vt[h, j]>``: ``(batch, head, row, key)``."""
         return self._dots(self.head_outputs)
 
+    def _contributions(self, outputs: Tensor, output_norms: Tensor) -> Tensor:
+        r"""
+        ``alpha[h,i,j] <outputs[h|1, i], vt[h, j]> / ||outputs[h|1, i]||^2``, 0 where the norm is 0:
+        the output is divided by its squared norm before the product, on ``(batch, head|1, row, d_model)``
+        rather than on the ``(batch, head, row, key)`` result.
+        """
+        return self._dots(safe_divide(outputs, output_norms.square())).mul_(self.alpha)  # in place: a new tensor
+
     def metric(self, name: str) -> Tensor:
         r"""
         One of :data:`METRICS` per head: ``(batch, head, row, key)``.
@@ -103,9 +111,9 @@ class HeadGeometry:
         if name == "output_normalized":
             return safe_divide(self.alpha * self.value_norms, self.head_output_norms)
         if name == "cw_intra":
-            return self.alpha * safe_divide(self.intra_dots, self.head_output_norms.square())
+            return self._contributions(self.head_outputs, self.head_output_norms)
         if name == "cw_inter":
-            return self.alpha * safe_divide(self.inter_dots, self.layer_output_norms.square())
+            return self._contributions(self.layer_output.unsqueeze(1), self.layer_output_norms)
         raise ValueError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
 
     def decomposition(self, variant: str) -> tuple[Tensor, Tensor, Tensor]:

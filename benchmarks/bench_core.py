@@ -2,7 +2,8 @@
 
     python benchmarks/bench_core.py [--repeats 5] [--quick]
 
-Writes benchmarks/RESULTS.md (and prints it). Ratios are medians of runs made alternately in one process.
+Writes benchmarks/RESULTS.md (and prints it). In the CW vs forward table the three runs take turns, so that
+a change in the machine's load hits them alike; every figure is a median over repeats after a warm-up.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +32,19 @@ def median_seconds(function, repeats: int) -> float:
         function()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def interleaved_medians(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, the functions taking turns within each repeat."""
+    for function in functions.values():
+        function()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def rss_bytes() -> int:
@@ -113,14 +128,18 @@ def main() -> None:
     with torch.no_grad():
         for n in args.lengths:
             ids = torch.randint(10, 40000, (1, n), generator=generator)
-            times = {}
-            for implementation in ("sdpa", "eager"):
-                model.set_attn_implementation(implementation)
-                times[implementation] = median_seconds(lambda: model(ids, use_cache=False), args.repeats)
-            model.set_attn_implementation("sdpa")
             attributor = ContributionWeights(model)
-            times["cw"] = median_seconds(lambda: attributor.attribute(ids, additional_forward_args=no_cache),
-                                         args.repeats)
+
+            def forward(implementation: str) -> None:
+                model.set_attn_implementation(implementation)
+                model(ids, use_cache=False)
+
+            def contribution_weights() -> None:
+                model.set_attn_implementation("sdpa")
+                attributor.attribute(ids, additional_forward_args=no_cache)
+
+            times = interleaved_medians({"sdpa": lambda: forward("sdpa"), "eager": lambda: forward("eager"),
+                                         "cw": contribution_weights}, args.repeats)
             lines.append(f"| {n} | {times['sdpa']:.3f} | {times['eager']:.3f} | {times['cw']:.3f} | "
                          f"{times['cw'] / times['eager']:.2f}x | {times['cw'] / times['sdpa']:.2f}x |")
             print(lines[-1], flush=True)

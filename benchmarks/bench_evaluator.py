@@ -17,7 +17,13 @@ import torch
 
 from captum_cw import AttentionWeights, ContributionWeights, OutputNormalizedAttention, ValueWeightedAttention
 from captum_cw.evaluation import load_examples
-from captum_cw.evaluation.protocols import LAYER_METRICS, ProtocolConfig, evaluate_example
+from captum_cw.evaluation.protocols import (
+    LAYER_METRICS,
+    ProtocolConfig,
+    _measure_variants,
+    evaluate_example,
+    measure_unperturbed,
+)
 from captum_cw.evaluation.ranking import MODES, removal_from_ranking
 from captum_cw.evaluation.sequences import encode, measure
 from captum_cw.interventions import mask_values
@@ -52,16 +58,9 @@ def naive(model, encoded, config: ProtocolConfig) -> None:
 
 
 def floor(model, encoded, config: ProtocolConfig, n_variants: int) -> None:
-    """The evaluator's forwards alone: one clean pass and the variants batched, nothing else."""
-    device = next(model.parameters()).device
-    keep = encoded.rows_needed(0)
-    ids = encoded.sequences[0].to(device)
-    with torch.no_grad():
-        logits = [model(ids[None], use_cache=False, logits_to_keep=keep).logits]
-        for first in range(0, n_variants, config.batch_size):
-            batch = ids.expand(min(config.batch_size, n_variants - first), -1)
-            logits.append(model(batch, use_cache=False, logits_to_keep=keep).logits)
-    measure(encoded, [torch.cat(logits)])
+    """The evaluator's forwards alone: its clean pass and its batched variants, with nothing removed."""
+    measure_unperturbed(model, encoded)
+    _measure_variants(model, encoded, [[{}] * n_variants], config)
 
 
 def main() -> None:

@@ -113,8 +113,10 @@ class AttentionCall:
         scores = self.scores(rows)
         allowed = self.allowed_keys(rows)  # broadcastable to scores
         alpha = torch.softmax(scores.masked_fill_(~allowed, float("-inf")), dim=-1)  # in place: scores are ours
+        if self.mask is None:  # without a mask every row reads at least its own position
+            return alpha
         has_key = allowed.any(-1, keepdim=True)  # [batch or 1, head or 1, row, 1]
-        return alpha if has_key.all() else torch.where(has_key, alpha, 0.0)
+        return torch.where(has_key, alpha, 0.0)
 
 
 def _eager_function(module: nn.Module) -> Callable:

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from captum_cw.evaluation.ranking import MODES
-from captum_cw.evaluation.ranking import aopc as area_over_curve
+from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve
 
 __all__ = ["aopc_cells", "bootstrap_interval", "ig_completeness", "ig_completeness_line", "order_verdict",
            "paper_order", "summarize", "write_report", "PAPER_ORDER"]

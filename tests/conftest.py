@@ -8,7 +8,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+TEST_DATA = Path(__file__).resolve().parent / "data"  # samples of every task in the hub schema
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,9 @@ from captum_cw.evaluation.sequences import compare, encode
 from captum_cw.evaluation.tasks import Example
 from captum_cw.interventions import mask_values
 from captum_cw.models import load_model
-from conftest import SHARED_DATA
+from conftest import TEST_DATA
 
-DATA = str(SHARED_DATA)
+DATA = str(TEST_DATA)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from captum_cw.evaluation import load_examples
 from captum_cw.evaluation.protocols import ProtocolConfig, _integrated_gradients
 from captum_cw.evaluation.sequences import encode
 from captum_cw.models import load_model
-from conftest import SHARED_DATA
+from conftest import TEST_DATA
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ig_convergence.py"
 
@@ -34,7 +34,7 @@ def test_top_overlap_on_hand_made_numbers():
 
 def test_script_reports_gap_and_agreement(tiny_llm_dir, tmp_path):
     results = tmp_path / "IG.md"
-    command = [sys.executable, str(SCRIPT), "--model", str(tiny_llm_dir), "--data-dir", str(SHARED_DATA),
+    command = [sys.executable, str(SCRIPT), "--model", str(tiny_llm_dir), "--data-dir", str(TEST_DATA),
                "--tasks", "winogrande", "--examples", "1", "--steps", "2", "4", "--max-tokens", "32",
                "--results", str(results)]
     completed = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
@@ -44,7 +44,7 @@ def test_script_reports_gap_and_agreement(tiny_llm_dir, tmp_path):
     assert len(cells) == 6 and cells[-1].count("/") == 1  # example, tokens, change, gap @2, gap @4, agreement @2
     assert (tmp_path / "faithfulness" / "ig_convergence.png").exists()
     model, tokenizer = load_model(str(tiny_llm_dir))
-    encoded = encode(load_examples("winogrande", 1, str(SHARED_DATA))[0], tokenizer, max_tokens=32)
+    encoded = encode(load_examples("winogrande", 1, str(TEST_DATA))[0], tokenizer, max_tokens=32)
     with torch.no_grad():
         logliks = [float(model(ids[None]).logits[0, c.start:c.start + len(c.tokens)].log_softmax(-1)
                          .gather(-1, torch.tensor(c.tokens)[:, None]).sum())

@@ -9,7 +9,7 @@ from captum_cw.evaluation import EvaluationConfig, evaluate
 from captum_cw.evaluation.protocols import ProtocolConfig
 from captum_cw.evaluation.runner import read_records
 from captum_cw.models import load_model
-from conftest import SHARED_DATA
+from conftest import TEST_DATA
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "faithfulness_table.py"
 
@@ -20,7 +20,7 @@ def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tin
     for folder, (protocol, limit) in runs.items():
         metrics = ("cw_inter", "random") if protocol == "layer" else ("ig", "cw_last", "random")
         protocol_config = ProtocolConfig(protocol=protocol, metrics=metrics, bins=(10, 50), ig_steps=2)
-        config = EvaluationConfig(task=folder.split("_")[0], limit=limit, data_dir=str(SHARED_DATA), max_tokens=32,
+        config = EvaluationConfig(task=folder.split("_")[0], limit=limit, data_dir=str(TEST_DATA), max_tokens=32,
                                   protocol=protocol_config)
         evaluate(config, tmp_path / folder, model=model, tokenizer=tokenizer, progress=False)
     results = tmp_path / "RESULTS.md"

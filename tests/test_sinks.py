@@ -139,11 +139,11 @@ def test_sinks_command_writes_numbers_and_plots(tiny_llm_dir, tmp_path):
     import subprocess
     import sys
 
-    from conftest import SHARED_DATA
+    from conftest import TEST_DATA
 
     result = subprocess.run(
         [sys.executable, "-m", "captum_cw.cli", "sinks", "--model", str(tiny_llm_dir), "--task", "fineweb_edu",
-         "--limit", "2", "--data-dir", str(SHARED_DATA), "--max-tokens", "48", "--out", str(tmp_path)],
+         "--limit", "2", "--data-dir", str(TEST_DATA), "--max-tokens", "48", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "TQDM_DISABLE": "1"},
     )
     assert result.returncode == 0, result.stderr

@@ -6,7 +6,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import SHARED_DATA
+from conftest import TEST_DATA
 
 TUTORIALS = sorted((Path(__file__).parents[1] / "tutorials").glob("*.ipynb"))
 
@@ -17,7 +17,7 @@ def test_there_are_four_tutorials():
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[path.stem for path in TUTORIALS])
 def test_tutorial_runs(path, tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPTUM_CW_DATA", str(SHARED_DATA))
+    monkeypatch.setenv("CAPTUM_CW_DATA", str(TEST_DATA))
     monkeypatch.setenv("TQDM_DISABLE", "1")
     notebook = nbformat.read(path, as_version=4)
     resources = {"metadata": {"path": str(tmp_path)}}

@@ -1,18 +1,21 @@
 """Attention capture through transformers' attention interface.
 
 While :func:`capture_attention` is active, every call of a tracked attention
-module goes through a wrapper registered under the model's own implementation
-name (``eager``, ``sdpa``, ``flash_attention_2``...). The wrapper runs the
+module goes through a dispatcher registered under the model's own implementation
+name (``eager``, ``sdpa``, ``flash_attention_2``...). The dispatcher runs the
 original function unchanged (the model's outputs are untouched) and hands a
-:class:`AttentionCall` to a callback, which can recompute ``alpha`` for just
-the query rows it needs, in float32.
+:class:`AttentionCall` to the callback of the capture that watches the module in
+the calling thread, which can recompute ``alpha`` for just the query rows it
+needs, in float32 (docs/DESIGN.md, "Capture").
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -131,7 +134,99 @@ def _eager_function(module: nn.Module) -> Callable:
 
 def _implementation(module: nn.Module, model: nn.Module) -> str:
     config = getattr(module, "config", None) or model.config
-    return config._attn_implementation or "eager"
+    name = config._attn_implementation or "eager"  # private: docs/DESIGN.md, "transformers internals"
+    if name == "flex_attention":
+        raise ValueError(
+            "captum_cw cannot read flex_attention's block masks, so it cannot recompute the attention weights; "
+            "call model.set_attn_implementation('sdpa') (or 'eager') first."
+        )
+    return name
+
+
+@dataclass(eq=False)
+class _Capture:
+    r"""One active :func:`capture_attention` block: the modules it watches and its callback."""
+
+    modules: tuple[nn.Module, ...]  # kept alive so that their ids stay theirs
+    module_ids: frozenset[int]
+    on_call: Callable[[AttentionCall], Tensor | None]
+
+
+# The captures active in this thread (or task), outermost first. Threads start with an empty tuple, so a
+# forward pass only ever reaches the captures opened in its own thread.
+_ACTIVE: ContextVar[tuple[_Capture, ...]] = ContextVar("captum_cw_active_captures", default=())
+
+
+@dataclass
+class _Dispatcher:
+    r"""What :func:`capture_attention` installed under one implementation name, and for how many captures."""
+
+    function: Callable
+    original: Callable | None  # the registry's entry before, None if there was none
+    users: int = 0
+
+
+_DISPATCHERS: dict[str, _Dispatcher] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _dispatcher(name: str, original: Callable | None) -> Callable:
+    r"""The function installed under ``name``: runs ``original`` unchanged, then hands the call to the
+    captures of the calling thread that watch the module, outermost first; each may replace the output."""
+
+    def dispatch(module, query, key, value, attention_mask, **kwargs):
+        function = original if original is not None else _eager_function(module)
+        output = function(module, query, key, value, attention_mask, **kwargs)
+        owners = [capture for capture in _ACTIVE.get() if id(module) in capture.module_ids]
+        if not owners:
+            return output
+        attention_output = output[0]  # [batch, query, head, d_head]
+        scaling = kwargs.get("scaling")
+        for capture in owners:
+            replacement = capture.on_call(
+                AttentionCall(
+                    module=module,
+                    query=query,
+                    key=key,
+                    value=value,
+                    output=attention_output,
+                    mask=attention_mask,
+                    implementation=name,
+                    scaling=query.shape[-1] ** -0.5 if scaling is None else scaling,
+                    softcap=kwargs.get("softcap"),
+                    sliding_window=kwargs.get("sliding_window"),
+                    is_causal=bool(kwargs.get("is_causal", getattr(module, "is_causal", True))),
+                )
+            )
+            if replacement is not None:
+                attention_output = replacement.to(output[0].dtype)
+        return (attention_output, *output[1:])
+
+    return dispatch
+
+
+def _acquire(name: str) -> None:
+    mapping = AttentionInterface._global_mapping  # private: docs/DESIGN.md, "transformers internals"
+    if name not in _DISPATCHERS:
+        original = mapping.get(name)
+        _DISPATCHERS[name] = _Dispatcher(_dispatcher(name, original), original)
+        mapping[name] = _DISPATCHERS[name].function
+    _DISPATCHERS[name].users += 1
+
+
+def _release(name: str) -> None:
+    entry = _DISPATCHERS[name]
+    entry.users -= 1
+    if entry.users:
+        return
+    del _DISPATCHERS[name]
+    mapping = AttentionInterface._global_mapping
+    if mapping.get(name) is not entry.function:
+        return  # somebody registered another function meanwhile: theirs stays
+    if entry.original is None:
+        mapping.pop(name, None)
+    else:
+        mapping[name] = entry.original
 
 
 @contextmanager
@@ -142,56 +237,38 @@ def capture_attention(
 ) -> Iterator[None]:
     r"""
     Calls ``on_call`` with an :class:`AttentionCall` each time one of ``modules``
-    runs attention, inside the ``with`` block. If ``on_call`` returns a tensor, it
-    replaces the attention output ``(batch, n_query, n_heads, d_head)`` (the input
-    of the output projection); otherwise the model runs unchanged. The wrapped
-    implementations are restored on exit, also after an exception.
+    runs attention in this thread, inside the ``with`` block. If ``on_call``
+    returns a tensor, it replaces the attention output ``(batch, n_query, n_heads,
+    d_head)`` (the input of the output projection); otherwise the model runs
+    unchanged.
+
+    Captures may be nested, interleaved and opened from several threads at once:
+    one dispatcher per implementation name stays in transformers' registry while
+    any capture needs it, routes each call to the captures of the calling thread
+    that watch the module (outermost first, each seeing the output as the ones
+    before it left it), and the registry's original entry is restored when the
+    last capture exits, also after an exception.
 
     Args:
         model (nn.Module): the transformers model.
         modules (list[nn.Module]): the attention modules to watch.
         on_call (Callable): receives each :class:`AttentionCall`, returns None or a
                     replacement attention output.
+
+    Raises:
+        ValueError: if the model runs ``flex_attention``, whose block masks cannot
+                    be read.
     """
-    tracked = {id(module) for module in modules}
     names = {_implementation(module, model) for module in modules}
-    mapping = AttentionInterface._global_mapping
-    saved = {name: mapping.get(name) for name in names}
-
-    def make_wrapper(name: str, original: Callable | None) -> Callable:
-        def wrapper(module, query, key, value, attention_mask, **kwargs):
-            function = original if original is not None else _eager_function(module)
-            output = function(module, query, key, value, attention_mask, **kwargs)
-            if id(module) in tracked:
-                scaling = kwargs.get("scaling")
-                replacement = on_call(
-                    AttentionCall(
-                        module=module,
-                        query=query,
-                        key=key,
-                        value=value,
-                        output=output[0],
-                        mask=attention_mask,
-                        implementation=name,
-                        scaling=query.shape[-1] ** -0.5 if scaling is None else scaling,
-                        softcap=kwargs.get("softcap"),
-                        sliding_window=kwargs.get("sliding_window"),
-                        is_causal=bool(kwargs.get("is_causal", getattr(module, "is_causal", True))),
-                    )
-                )
-                if replacement is not None:
-                    return (replacement.to(output[0].dtype), *output[1:])
-            return output
-
-        return wrapper
-
+    capture = _Capture(tuple(modules), frozenset(id(module) for module in modules), on_call)
+    with _REGISTRY_LOCK:
+        for name in names:
+            _acquire(name)
+    _ACTIVE.set((*_ACTIVE.get(), capture))
     try:
-        for name, original in saved.items():
-            mapping[name] = make_wrapper(name, original)
         yield
     finally:
-        for name, original in saved.items():
-            if original is None:
-                mapping.pop(name, None)
-            else:
-                mapping[name] = original
+        _ACTIVE.set(tuple(active for active in _ACTIVE.get() if active is not capture))
+        with _REGISTRY_LOCK:
+            for name in names:
+                _release(name)

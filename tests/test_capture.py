@@ -54,3 +54,98 @@ def test_a_row_without_allowed_keys_is_zero_not_nan(as_bool):
     torch.testing.assert_close(alpha.double(), _written_out(call, allowed), atol=1e-6, rtol=0)
     rows = torch.tensor([2, 4])
     torch.testing.assert_close(call.alpha(rows), alpha[:, :, rows])
+
+
+# --- thread and nesting safety of the registry patch ---
+
+import threading  # noqa: E402
+
+from transformers.modeling_utils import AttentionInterface  # noqa: E402
+
+from captum_cw import ContributionWeights  # noqa: E402
+from captum_cw.architectures import find_attention_layers  # noqa: E402
+from captum_cw.capture import capture_attention  # noqa: E402
+from tiny_models import FAMILIES, example_inputs  # noqa: E402
+
+
+def _registry() -> dict:
+    return dict(AttentionInterface._global_mapping)
+
+
+@pytest.mark.parametrize("same_model", [False, True])
+def test_two_threads_attribute_at_once(same_model):
+    models = [FAMILIES["llama"].build(), FAMILIES["qwen2"].build()]
+    if same_model:
+        models[1] = models[0]
+    for model in models:
+        model.set_attn_implementation("sdpa")
+    ids, mask = example_inputs(FAMILIES["llama"])
+    expected = [ContributionWeights(model).attribute(ids, attention_mask=mask) for model in models]
+    before = _registry()
+    failures, results = [], {0: [], 1: []}
+    start = threading.Barrier(2)
+
+    def work(k):
+        start.wait()
+        try:
+            for _ in range(15):
+                results[k].append(ContributionWeights(models[k]).attribute(ids, attention_mask=mask))
+        except Exception as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    for k in (0, 1):
+        assert len(results[k]) == 15
+        for scores in results[k]:
+            torch.testing.assert_close(scores, expected[k], rtol=0, atol=0)
+    assert _registry() == before
+    models[0](ids, attention_mask=mask)  # the model still runs after the captures are gone
+
+
+def test_interleaved_and_nested_captures_route_calls_and_restore_the_registry():
+    model = FAMILIES["llama"].build()
+    model.set_attn_implementation("sdpa")
+    ids, _ = example_inputs(FAMILIES["llama"])
+    first, second = [layer.attention for layer in find_attention_layers(model)]
+    before = _registry()
+    seen = {"outer": [], "inner": []}
+    outer = capture_attention(model, [first, second], lambda call: seen["outer"].append(call.module))
+    inner = capture_attention(model, [second], lambda call: seen["inner"].append(call.module))
+    outer.__enter__()
+    inner.__enter__()
+    model(ids)
+    assert seen == {"outer": [first, second], "inner": [second]}
+    outer.__exit__(None, None, None)  # exits out of order: inner stays active
+    model(ids)
+    assert seen["outer"] == [first, second] and seen["inner"] == [second, second]
+    inner.__exit__(None, None, None)
+    assert _registry() == before
+    expected = model(ids).logits
+    with capture_attention(model, [first], lambda call: None):
+        with pytest.raises(RuntimeError, match="boom"), capture_attention(model, [first], _boom):
+            model(ids)
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    assert _registry() == before
+
+
+def _boom(call):
+    raise RuntimeError("boom")
+
+
+def test_nested_replacements_compose_outermost_first():
+    model = FAMILIES["llama"].build()
+    ids, _ = example_inputs(FAMILIES["llama"])
+    attention = find_attention_layers(model)[0].attention
+    seen = []
+    with capture_attention(model, [attention], lambda call: call.output * 2):
+        with capture_attention(model, [attention], lambda call: seen.append(call.output.clone())):
+            doubled = model(ids).logits
+    with capture_attention(model, [attention], lambda call: seen.append(call.output.clone())):
+        plain = model(ids).logits
+    torch.testing.assert_close(seen[0], seen[1] * 2)
+    assert not torch.allclose(doubled, plain)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 
 from captum_cw.architectures import AttentionLayer, find_attention_layers
 from captum_cw.geometry import HeadGeometry
-from captum_cw.scan import ModelInputs, prepare_inputs, resolve_positions, scan_geometry
+from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs, resolve_positions, scan_geometry
 
 __all__ = [
     "ContributionWeights",
@@ -39,15 +40,29 @@ def _count_heads(layer: AttentionLayer) -> int:
     return module.config.num_attention_heads
 
 
-def _selection(selected: int | Sequence[int] | None, size: int, what: str) -> list[int]:
+def _index(value: Any, what: str) -> int:
+    r"""A Python int from an int, a NumPy integer or a one-element integer tensor; never from a bool or float."""
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{what} indices must be integers, got {value!r} ({type(value).__name__}).")
+    return int(value)
+
+
+def _selection(selected: Any, size: int, what: str) -> list[int]:
+    r"""Indices in ``[0, size)`` from None (all), an index, or a sequence / array / tensor of indices;
+    negative indices count from the end, and nothing is wrapped modulo ``size``."""
     if selected is None:
         return list(range(size))
-    indices = [selected] if isinstance(selected, int) else list(selected)
+    if isinstance(selected, Tensor) or hasattr(selected, "__array__"):  # tensors, NumPy arrays and scalars
+        array = torch.as_tensor(selected)
+        selected = array.item() if array.dim() == 0 else array.flatten().tolist()
+    indices = [_index(index, what) for index in ([selected] if not isinstance(selected, Iterable) else selected)]
     if not indices:
         raise ValueError(f"The {what} selection is empty; pass None for all {size} {what}s.")
     for index in indices:
-        if not isinstance(index, int) or not -size <= index < size:
-            raise ValueError(f"{what} {index!r} is out of range: the model has {size} {what}s (0..{size - 1}).")
+        if not -size <= index < size:
+            raise ValueError(f"{what} {index} is out of range: the model has {size} {what}s (0..{size - 1}).")
     resolved = [index % size for index in indices]
     if len(set(resolved)) != len(resolved):
         raise ValueError(f"The {what} selection {indices} names a {what} twice.")
@@ -65,7 +80,10 @@ class _AttentionGeometryAttribution(Attribution):
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
         chunk_size: int = 256,
+        verify: bool = True,
     ) -> None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int (query rows per block), got {chunk_size!r}.")
         super().__init__(model)
         self.model = model
         self.attention_layers = find_attention_layers(model)
@@ -73,6 +91,7 @@ class _AttentionGeometryAttribution(Attribution):
         self.layers = _selection(layers, len(self.attention_layers), "layer")
         self.heads = _selection(heads, self.n_heads, "head")
         self.chunk_size = chunk_size
+        self.verify = verify
 
     def has_convergence_delta(self) -> bool:
         return self.completeness is not None
@@ -83,6 +102,7 @@ class _AttentionGeometryAttribution(Attribution):
 
     def _prepare(self, inputs, attention_mask, additional_forward_args, query_positions):
         model_inputs, positional = prepare_inputs(inputs, attention_mask, additional_forward_args, self._input_device)
+        check_inputs(self.model, model_inputs)
         if model_inputs.is_text:
             resolve_positions(query_positions, model_inputs.main.shape[1])  # validates before the forward pass
         return model_inputs, positional
@@ -101,12 +121,14 @@ class _AttentionGeometryAttribution(Attribution):
             seen.add(k)
             on_chunk(k, rows, geometry)
 
-        output = scan_geometry(self.model, layers, model_inputs, positional, query_positions, record, self.chunk_size)
+        output = scan_geometry(self.model, layers, model_inputs, positional, query_positions, record, self.chunk_size,
+                               self.verify)
         if len(seen) != len(layers):
             missing = [self.layers[k] for k in range(len(layers)) if k not in seen]
             raise ValueError(
-                f"Layers {missing} did not run attention through transformers' attention interface, so no "
-                "attention weights could be captured; load the model with attn_implementation='eager' or 'sdpa'."
+                f"Layers {missing} ran no attention through transformers' attention interface in this forward pass, "
+                "so no attention weights could be captured. Their attention module is not called by the model's "
+                "forward with these inputs (e.g. a custom forward that skips layers)."
             )
         return output
 
@@ -259,6 +281,12 @@ class ContributionWeights(_AttentionGeometryAttribution):
         variant (str, optional): ``"inter"`` or ``"intra"``. Default: ``"inter"``.
         chunk_size (int, optional): query rows computed at once per layer.
                     Default: 256
+        verify (bool, optional): run the self-check (:mod:`captum_cw.self_check`):
+                    on a few rows per layer, the recomputed ``alpha @ V`` must equal
+                    the attention kernel's own output and ``sum_h o_h`` the output
+                    projection applied to it, else a ValueError names the layer.
+                    It costs about 1% of ``attribute``; pass False only for a model
+                    whose mismatch you understand. Default: True
 
     Examples::
 
@@ -279,10 +307,11 @@ class ContributionWeights(_AttentionGeometryAttribution):
         heads: int | Sequence[int] | None = None,
         variant: str = "inter",
         chunk_size: int = 256,
+        verify: bool = True,
     ) -> None:
         if variant not in ("inter", "intra"):
             raise ValueError(f"variant must be 'inter' or 'intra', got {variant!r}.")
-        super().__init__(model, layers, heads, chunk_size)
+        super().__init__(model, layers, heads, chunk_size, verify)
         self.variant = variant
         self.metric = f"cw_{variant}"
         self.head_reduction = "sum" if variant == "inter" else "mean"
@@ -339,6 +368,7 @@ class AttentionWeights(_AttentionGeometryAttribution):
         layers (int or Sequence[int], optional): layers to attribute. Default: all.
         heads (int or Sequence[int], optional): heads to keep. Default: all.
         chunk_size (int, optional): query rows computed at once per layer. Default: 256
+        verify (bool, optional): run the self-check, as in :class:`ContributionWeights`. Default: True
     """
 
     metric = "attention"

@@ -12,8 +12,9 @@ from torch import Tensor, nn
 from captum_cw.architectures import AttentionLayer
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.geometry import HeadGeometry
+from captum_cw.self_check import LayerCheck, check_layer, raise_on_mismatch
 
-__all__ = ["ModelInputs", "prepare_inputs", "resolve_positions", "scan_geometry"]
+__all__ = ["ModelInputs", "check_inputs", "prepare_inputs", "resolve_positions", "scan_geometry"]
 
 
 @dataclass
@@ -60,8 +61,6 @@ def prepare_inputs(
         )
     if not torch.is_floating_point(main) and main.dim() == 1:
         main = main.unsqueeze(0)
-    if not torch.is_floating_point(main) and main.dim() != 2:
-        raise ValueError(f"token ids must have shape (batch, n), got {tuple(main.shape)}.")
     positional: tuple[Any, ...] = ()
     if isinstance(additional_forward_args, Mapping):
         keyword.update(additional_forward_args)
@@ -90,15 +89,55 @@ def resolve_positions(positions: Sequence[int] | Tensor | None, n: int) -> Tenso
     r"""Query positions as a long tensor in ``[0, n)``; negative positions count from the end."""
     if positions is None:
         return torch.arange(n)
-    rows = torch.as_tensor(positions, dtype=torch.long).flatten()
-    if rows.numel() == 0:
+    given = torch.as_tensor(positions)
+    if given.numel() == 0:
         raise ValueError("query_positions is empty; pass at least one position, or None for all.")
+    if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
+        raise ValueError(f"query_positions must be integer positions, got {given.dtype} {positions!r}; "
+                         "pass e.g. [-1] for the last row.")
+    rows = given.long().flatten()
     if (rows >= n).any() or (rows < -n).any():
         raise ValueError(f"query_positions {rows.tolist()} out of range for a sequence of {n} tokens.")
     rows = rows % n
     if len(rows.unique()) != len(rows):
         raise ValueError(f"query_positions {positions!r} names a position twice; pass each position once.")
     return rows
+
+
+def check_inputs(model: nn.Module, model_inputs: ModelInputs) -> None:
+    r"""
+    Refuses, before any forward pass, inputs that would fail late or give wrong scores.
+
+    Raises:
+        ValueError: for a model in training mode, cached keys, token ids that are
+                    empty, not integers or outside the vocabulary, or integer pixels.
+    """
+    if model.training:
+        raise ValueError("The model is in training mode: dropout would make its attention differ from the "
+                         "recomputed one. Call model.eval() first.")
+    if model_inputs.keyword.get("past_key_values") is not None:
+        raise ValueError("past_key_values is not supported: cached keys have no query rows to attribute. Pass the "
+                         "whole sequence (prompt and continuation) as inputs instead.")
+    main, expects = model_inputs.main, getattr(model, "main_input_name", "input_ids")
+    if expects == "input_ids" and main.is_floating_point():
+        raise ValueError(f"inputs are {main.dtype}, but {type(model).__name__} takes token ids: pass the "
+                         "tokenizer's input_ids (integers).")
+    if expects == "pixel_values" and not main.is_floating_point():
+        raise ValueError(f"inputs are {main.dtype}, but {type(model).__name__} takes pixel values: pass the "
+                         "image processor's pixel_values (floating point).")
+    if main.is_floating_point():
+        return
+    if main.dim() != 2:
+        raise ValueError(f"token ids must have shape (batch, n), got {tuple(main.shape)}.")
+    if main.numel() == 0:
+        raise ValueError(f"inputs have no tokens (shape {tuple(main.shape)}); pass at least one token per example.")
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocabulary = getattr(embeddings, "num_embeddings", None)
+    if vocabulary is not None:
+        low, high = main.aminmax()
+        if low < 0 or high >= vocabulary:
+            raise ValueError(f"token ids range over [{int(low)}, {int(high)}] but the model's vocabulary has "
+                             f"{vocabulary} entries; encode the text with this model's own tokenizer.")
 
 
 def scan_geometry(
@@ -109,18 +148,23 @@ def scan_geometry(
     query_positions: Sequence[int] | Tensor | None,
     on_chunk: Callable[[int, Tensor, HeadGeometry], None],
     chunk_size: int = 256,
+    verify: bool = True,
 ) -> Any:
     r"""
     Runs ``model`` once and calls ``on_chunk(k, rows, geometry)`` for each selected
     layer (``k`` is its index in ``layers``) and each chunk of query ``rows``.
 
-    Padded query rows get all-zero ``alpha``; so do padded keys.
+    Padded query rows get all-zero ``alpha``; so do padded keys. With ``verify``,
+    a few rows of each layer's first chunk go through the self-check
+    (:mod:`captum_cw.self_check`), which raises after the forward pass if the
+    recomputation does not reproduce the model.
 
     Returns:
         The model's own output.
     """
     slot = {id(layer.attention): k for k, layer in enumerate(layers)}
     padding = model_inputs.padding_mask
+    checks: list[LayerCheck] = []
 
     def on_call(call: AttentionCall) -> None:
         k = slot[id(call.module)]
@@ -130,13 +174,16 @@ def scan_geometry(
         if padding is not None and padding.shape[1] == values.shape[2]:  # padded keys may hold NaN states
             values = torch.where(padding.to(device)[:, None, :, None], values, 0.0)
         projections = layers[k].head_projections(call.n_heads, call.compute_dtype).to(device)  # [head, d_head, d_model]
-        for rows in all_rows.split(chunk_size):
+        for chunk, rows in enumerate(all_rows.split(chunk_size)):
             alpha = call.alpha(rows)  # [batch, head, row, key]
             if padding is not None and padding.shape[1] == alpha.shape[-1]:
                 mask = padding.to(device)
                 alpha = alpha * mask[:, None, None, :] * mask[:, rows][:, None, :, None]
+            if verify and chunk == 0:
+                checks.append(check_layer(layers[k], call, rows, alpha, values, projections, padding))
             on_chunk(k, rows, HeadGeometry(alpha, values, projections))
 
     with torch.no_grad(), capture_attention(model, [layer.attention for layer in layers], on_call):
         output = model(model_inputs.main, *positional_args, **model_inputs.keyword)
+    raise_on_mismatch(checks)
     return output

@@ -11,6 +11,7 @@ the attention call itself, so a new family usually needs one line::
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +47,11 @@ class Architecture:
     attention: str
     output_projection: str
     weight_layout: Literal["linear", "conv1d"] = "linear"
+
+    def __post_init__(self) -> None:
+        if self.weight_layout not in ("linear", "conv1d"):
+            raise ValueError(f"weight_layout must be 'linear' (nn.Linear) or 'conv1d' (GPT-2's Conv1D), "
+                             f"got {self.weight_layout!r}.")
 
 
 _ARCHITECTURES: dict[str, Architecture] = {
@@ -141,7 +147,9 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
         arch = _ARCHITECTURES[model_type]
         for name, module in model.named_modules():
             if type(module).__name__ == arch.attention:
+                _check_attention_interface(module)
                 projection = _resolve(model, name, arch.output_projection)
+                _check_layout(projection, arch)
                 layers.append(AttentionLayer(len(layers), module, projection, arch.weight_layout))
         if layers:
             break
@@ -153,3 +161,27 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
         )
     return layers
 
+
+def _check_attention_interface(module: nn.Module) -> None:
+    r"""Refuses attention classes whose modeling file never calls transformers' attention interface."""
+    source = sys.modules.get(type(module).__module__)
+    if source is not None and not hasattr(source, "ALL_ATTENTION_FUNCTIONS"):
+        raise ValueError(
+            f"{type(module).__name__} does not call transformers' attention interface (its module "
+            f"{source.__name__} never uses ALL_ATTENTION_FUNCTIONS), so captum_cw cannot capture its attention; "
+            "this family is not supported, whatever attn_implementation it runs."
+        )
+
+
+def _check_layout(projection: nn.Module, arch: Architecture) -> None:
+    r"""Refuses a weight layout that contradicts the projection's class (GPT-2's Conv1D vs nn.Linear)."""
+    is_conv1d = type(projection).__name__ == "Conv1D"
+    if (arch.weight_layout == "conv1d") != is_conv1d:
+        expected = "conv1d" if is_conv1d else "linear"
+        raise ValueError(
+            f"{arch.attention}'s output projection is a {type(projection).__name__}, but its Architecture says "
+            f"weight_layout={arch.weight_layout!r}; register it with weight_layout={expected!r}."
+        )
+    if getattr(projection, "weight", None) is None:
+        raise ValueError(f"{arch.attention}'s output projection {type(projection).__name__} has no weight matrix; "
+                         "point output_projection at the linear layer that maps the heads to the residual stream.")

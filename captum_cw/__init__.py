@@ -8,6 +8,7 @@ from captum_cw.attribution import (
     OutputNormalizedAttention,
     ValueWeightedAttention,
 )
+from captum_cw.token_contributions import TokenContributions
 
 __version__ = "0.1.0"
 
@@ -17,6 +18,7 @@ __all__ = [
     "ContributionFactors",
     "ContributionWeights",
     "OutputNormalizedAttention",
+    "TokenContributions",
     "ValueWeightedAttention",
     "find_attention_layers",
     "register_architecture",

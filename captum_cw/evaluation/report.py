@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,14 @@ def order_verdict(order: dict[str, Any]) -> str:
 
 
 def write_report(records: list[dict], config, out: Path) -> dict[str, Any]:
-    r"""Writes ``summary.json``, ``summary.csv`` and ``curves.png`` under ``out``; returns the summary."""
+    r"""
+    Writes ``summary.json``, ``summary.csv`` and ``curves.png`` under ``out``; returns the summary.
+    Records of skipped examples (``{"id", "skipped": reason}``) are listed under ``"skipped"``, not summarised.
+    """
+    skipped = [{"id": r["id"], "reason": r["skipped"]} for r in records if "skipped" in r]
+    records = [r for r in records if "skipped" not in r]
     summary = summarize(records, seed=config.protocol.seed)
+    summary["skipped"] = skipped
     summary["config"] = config.to_json()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     with open(out / "summary.csv", "w", newline="") as handle:
@@ -162,13 +169,19 @@ def plot_curves(summary: dict, path: Path, title: str = "") -> None:
             low = [modes[mode][b][measure]["ci_low"] for b in bins]
             high = [modes[mode][b][measure]["ci_high"] for b in bins]
             aopc = summary["aopc"][metric][mode][measure]["mean"]
-            axis.plot(x, mean, marker="o", label=f"{metric} (AOPC {aopc:.3g})")
-            axis.fill_between(x, low, high, alpha=0.15)
-        axis.set_xscale("log")
+            finite = [k for k, value in enumerate(mean) if math.isfinite(value)]  # a NaN has no place on a curve
+            if not finite:
+                continue
+            axis.plot([x[k] for k in finite], [mean[k] for k in finite], marker="o",
+                      label=f"{metric} (AOPC {aopc:.3g})")
+            axis.fill_between([x[k] for k in finite], [low[k] for k in finite], [high[k] for k in finite],
+                              alpha=0.15)
+        if axis.lines:
+            axis.set_xscale("log")
+            axis.legend(fontsize=7)
         axis.set_xlabel("k (% of keys removed)" if mode == "comprehensiveness" else "k (% of keys kept)")
         axis.set_ylabel(measure)
         axis.set_title(f"{mode} ({'higher' if mode == 'comprehensiveness' else 'lower'} is more faithful)")
-        axis.legend(fontsize=7)
     if title:
         figure.suptitle(title)
     figure.tight_layout()

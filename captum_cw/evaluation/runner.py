@@ -5,16 +5,30 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
+from captum_cw.architectures import find_attention_layers
+from captum_cw.evaluation.protocols import ProtocolConfig, chosen_layers, evaluate_example
 from captum_cw.evaluation.report import write_report
-from captum_cw.evaluation.sequences import encode
-from captum_cw.evaluation.tasks import load_examples
+from captum_cw.evaluation.run_folder import (
+    check_data,
+    check_model,
+    data_fingerprint,
+    locked,
+    model_fingerprint,
+    previous_examples,
+    previous_run,
+    read_records,
+    repair_tail,
+    write_config,
+)
+from captum_cw.evaluation.sequences import encode, scoring_problem
+from captum_cw.evaluation.tasks import TASKS, load_examples
 
 __all__ = ["EvaluationConfig", "evaluate", "read_records"]
 
@@ -35,42 +49,20 @@ class EvaluationConfig:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
-
-def read_records(out: Path) -> list[dict]:
-    r"""All finished examples under ``out`` (every shard), in example order; a torn last line is skipped."""
-    records = {}
-    for path in sorted(out.glob("records*.jsonl")):
-        with open(path) as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # the example in flight when a run was killed
-                records[record["id"]] = record
-    return sorted(records.values(), key=lambda r: int(r["id"].rsplit("-", 1)[1]))
-
-
-def _drop_torn_tail(path: Path) -> None:
-    r"""Cuts a line left unfinished by a killed run, so that appended records start on a new line."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-
-
-def _check_config(out: Path, config: EvaluationConfig, resume: bool) -> None:
-    r"""A resumed run must have the same configuration, except ``limit``: resuming with a larger limit extends it."""
-    path = out / "config.json"
-    wanted = json.loads(json.dumps(config.to_json()))  # tuples compare as the lists stored
-    if path.exists():
-        stored = {"source": None, **json.loads(path.read_text())}  # runs from before ``source`` existed
-        if {**stored, "limit": None} != {**wanted, "limit": None}:
-            raise ValueError(f"{out} holds a run with another configuration ({path}); use another --out.")
-        if not resume and any(out.glob("records*.jsonl")):
-            raise ValueError(f"{out} already holds results: pass --resume to continue them, or use another --out.")
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(wanted, indent=2))
+    def validate(self) -> None:
+        r"""Raises a ValueError on the first setting that cannot run, before any data or model is loaded."""
+        if self.task not in TASKS:
+            raise ValueError(f"Unknown task {self.task!r}; choose one of {', '.join(TASKS)}.")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 1):
+            raise ValueError(f"limit must be a positive number of examples (None for all), got {self.limit!r}.")
+        if self.max_tokens < 2:
+            raise ValueError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got "
+                             f"{self.max_tokens}.")
+        if self.protocol.protocol == "input" and TASKS[self.task].kind == "text":
+            raise ValueError("the input-level protocol explains a prediction: use it on a multiple-choice task "
+                             "(mmlu, winogrande, boolq); text tasks take --protocol layer.")
+        self.protocol.validate()
 
 
 def evaluate(
@@ -85,8 +77,11 @@ def evaluate(
 ) -> dict:
     r"""
     Evaluates every metric of ``config.protocol`` on ``config.task`` and writes
-    ``records*.jsonl`` (one line per example, flushed as it finishes),
-    ``summary.csv``, ``summary.json`` and PNG curves under ``out``.
+    ``records*.jsonl`` (one line per example, flushed as it finishes; an example
+    too short to score is recorded as skipped, with the reason), ``summary.csv``,
+    ``summary.json`` and PNG curves under ``out``. ``config.json`` there keeps the
+    configuration and fingerprints of the data and the model; ``out/.lock`` keeps
+    a second run off the folder while this one writes.
 
     Under ``accelerate launch --multi_gpu --num_processes K`` (also on CPU-only
     machines) each process takes every K-th example and writes its own shard;
@@ -95,7 +90,8 @@ def evaluate(
     Args:
         config (EvaluationConfig): what to run.
         out (str or Path): the output folder.
-        resume (bool, optional): skip the examples already in ``out``. Default: False
+        resume (bool, optional): skip the examples already in ``out``; the configuration
+                    (``limit`` aside), data and model must be those they were run with. Default: False
         model, tokenizer (optional): an already loaded model (else ``config.model`` is loaded).
         device (str, optional): where to load the model. Default: the process's accelerator, else CPU.
         device_map (str, optional): e.g. ``"auto"`` for a model larger than one device.
@@ -105,35 +101,56 @@ def evaluate(
     """
     from accelerate import PartialState
 
-    config.protocol.validate()
+    config.validate()
     state = PartialState(cpu=not torch.cuda.is_available())  # CPU-only processes meet over gloo
     out = Path(out)
-    if state.is_main_process:
-        _check_config(out, config, resume)
-    state.wait_for_everyone()
-    if model is None:
-        from captum_cw.cli import DTYPES
-        from captum_cw.models import load_model
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; give a folder for the run's results.")
+    settings = json.loads(json.dumps(config.to_json()))  # tuples as the lists stored
+    with ExitStack() as stack:
+        previous = None
+        if state.is_main_process:
+            out.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(locked(out))
+            previous = previous_run(out, settings, resume)
+        stored = previous_examples(previous)  # a resumed run's data is checked as far as it went
+        limit = config.limit if config.limit is None or stored is None else max(config.limit, stored)
+        loaded = load_examples(config.task, limit, config.data_dir, config.source)
+        check_data(out, previous, loaded)
+        examples = loaded[: config.limit]
+        if model is None:
+            from captum_cw.cli import DTYPES
+            from captum_cw.models import load_model
 
-        device = device or (None if device_map else str(state.device))
-        model, tokenizer = load_model(config.model, device=device, dtype=DTYPES.get(config.dtype or ""),
-                                      device_map=device_map)
-    examples = load_examples(config.task, config.limit, config.data_dir, config.source)
-    done = {record["id"] for record in read_records(out)} if resume else set()
-    mine = [e for i, e in enumerate(examples) if i % state.num_processes == state.process_index and e.id not in done]
-    shard = out / (f"records.rank{state.process_index}.jsonl" if state.num_processes > 1 else "records.jsonl")
-    _drop_torn_tail(shard)
-    with open(shard, "a") as handle:
-        for example in tqdm(mine, desc=f"{config.task} ({config.protocol.protocol} level)", disable=not progress,
-                            position=state.process_index):
-            record = evaluate_example(model, encode(example, tokenizer, config.max_tokens), config.protocol)
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-    state.wait_for_everyone()
-    summary = {}
-    if state.is_main_process:
-        wanted = {example.id for example in examples}
-        summary = write_report([r for r in read_records(out) if r["id"] in wanted], config, out)
+            device = device or (None if device_map else str(state.device))
+            model, tokenizer = load_model(config.model, device=device, dtype=DTYPES.get(config.dtype or ""),
+                                          device_map=device_map)
+        if config.protocol.protocol == "layer":
+            chosen_layers(config.protocol, len(find_attention_layers(model)))  # out-of-range layers stop here
+        if state.is_main_process:
+            fingerprint = model_fingerprint(model)
+            check_model(out, previous, fingerprint)
+            write_config(out, settings, {"data": data_fingerprint(loaded), "model": fingerprint})
+        state.wait_for_everyone()
+        shard = out / (f"records.rank{state.process_index}.jsonl" if state.num_processes > 1 else "records.jsonl")
+        repair_tail(shard)
+        done = {record["id"] for record in read_records(out, include_skipped=True)} if resume else set()
+        mine = [e for i, e in enumerate(examples)
+                if i % state.num_processes == state.process_index and e.id not in done]
+        with open(shard, "a") as handle:
+            for example in tqdm(mine, desc=f"{config.task} ({config.protocol.protocol} level)",
+                                disable=not progress, position=state.process_index):
+                encoded = encode(example, tokenizer, config.max_tokens)
+                problem = scoring_problem(encoded)
+                record = ({"id": example.id, "skipped": problem} if problem
+                          else evaluate_example(model, encoded, config.protocol))
+                handle.write(json.dumps(record) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        state.wait_for_everyone()
+        summary = {}
+        if state.is_main_process:
+            wanted = {example.id for example in examples}
+            records = [r for r in read_records(out, include_skipped=True) if r["id"] in wanted]
+            summary = write_report(records, config, out)
     return summary
-

@@ -11,7 +11,8 @@ from transformers import PreTrainedTokenizerBase
 
 from captum_cw.evaluation.tasks import Example
 
-__all__ = ["Choice", "EncodedExample", "choice_logliks", "compare", "encode", "measure", "text_nll"]
+__all__ = ["Choice", "EncodedExample", "choice_logliks", "compare", "encode", "measure", "scoring_problem",
+           "text_nll"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,23 @@ def encode(example: Example, tokenizer: PreTrainedTokenizerBase, max_tokens: int
         choices = [placed[i] for i in range(len(example.contexts))]
     special = [torch.tensor([int(t) in special_ids for t in ids.tolist()]) for ids in sequences]
     return EncodedExample(example, sequences, choices, special)
+
+
+def scoring_problem(encoded: EncodedExample) -> str | None:
+    r"""
+    Why an encoded example cannot be scored, or None when it can: a text needs two tokens (its
+    next-token NLL averages over the ``n - 1`` predicted ones); a choice needs a context token to
+    predict from and a continuation token to score.
+    """
+    if not encoded.choices:
+        n = len(encoded.sequences[0])
+        return None if n >= 2 else f"{n} token(s) after tokenisation; a text needs at least 2 to be scored"
+    for index, choice in enumerate(encoded.choices):
+        if choice.start < 0:
+            return f"choice {index} has an empty context after tokenisation"
+        if not choice.tokens:
+            return f"choice {index} has an empty continuation after tokenisation"
+    return None
 
 
 def choice_logliks(encoded: EncodedExample, logits: list[Tensor]) -> Tensor:

@@ -1,0 +1,210 @@
+"""The output folder of an evaluation run: its records, their repair, its lock, its configuration and fingerprints.
+
+A folder holds one run: ``config.json`` (the configuration and fingerprints of the data and the model),
+``records*.jsonl`` (one line per finished example) and ``.lock`` (held while a run writes). A run resumes
+only with the same configuration, data and model, and only one run writes to a folder at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from captum_cw.evaluation.tasks import Example
+
+__all__ = ["check_data", "check_model", "data_fingerprint", "locked", "model_fingerprint", "previous_examples",
+           "previous_run", "read_records", "repair_tail", "write_config"]
+
+_WEIGHT_SAMPLES = 64  # evenly spaced values hashed per parameter
+
+
+def read_records(out: Path, include_skipped: bool = False) -> list[dict]:
+    r"""
+    The finished examples under ``out`` (every shard), in example order; a torn last line is left out.
+
+    Args:
+        out (Path): the run's folder.
+        include_skipped (bool, optional): also return the examples recorded as skipped
+                    (``{"id", "skipped": reason}``: too short to score). Default: False
+    """
+    records = {}
+    for path in sorted(out.glob("records*.jsonl")):
+        with open(path) as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # the example in flight when a run was killed
+                records[record["id"]] = record
+    kept = [r for r in records.values() if include_skipped or "skipped" not in r]
+    return sorted(kept, key=lambda r: int(r["id"].rsplit("-", 1)[1]))
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(record, dict) and "id" in record and ("results" in record or "skipped" in record)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    r"""Replaces ``path`` by ``data`` through a synced temporary file in the same folder: never half-written."""
+    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False)
+    try:
+        with handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a crash
+    finally:
+        os.close(folder)
+
+
+def repair_tail(path: Path) -> None:
+    r"""
+    Makes a records file end on a full line before records are appended to it. A last record that
+    lost only its newline is kept (the newline is added); a line left unfinished by a killed run is cut,
+    atomically (a kill during the repair leaves the file as it was).
+    """
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    if _is_record(data[cut:]):
+        with open(path, "ab") as handle:
+            handle.write(b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    else:
+        _write_atomically(path, data[:cut])
+
+
+@contextmanager
+def locked(out: Path) -> Iterator[None]:
+    r"""
+    Holds ``out/.lock`` while the block runs, so that a second run on the same folder stops at once.
+    The lock is an ``flock``: the system drops it when its process ends, however it ends.
+    """
+    with open(out / ".lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise ValueError(f"{out} is in use by another run (process {holder} holds {out / '.lock'}); wait for "
+                             "it to finish or use another --out.") from None
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+
+
+def data_fingerprint(examples: Sequence[Example]) -> dict[str, Any]:
+    r"""How many examples and a SHA-256 of their content (prompts, continuations, labels)."""
+    digest = hashlib.sha256()
+    for example in examples:
+        digest.update(json.dumps(dataclasses.asdict(example), sort_keys=True).encode() + b"\n")
+    return {"examples": len(examples), "sha256": digest.hexdigest()}
+
+
+def model_fingerprint(model: nn.Module) -> dict[str, str]:
+    r"""
+    SHA-256 of the model's configuration (without its path and transformers version) and of its
+    weights' names, shapes, dtypes and 64 evenly spaced values of each: cheap on any model size, and
+    changed by any retraining or re-save of other weights.
+    """
+    config = model.config.to_dict()
+    for key in ("_name_or_path", "transformers_version"):
+        config.pop(key, None)
+    weights = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        weights.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
+        if parameter.device.type != "meta":  # offloaded weights: their shape only
+            flat = parameter.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // _WEIGHT_SAMPLES)][:_WEIGHT_SAMPLES]
+            weights.update(sample.float().cpu().numpy().tobytes())
+    return {"config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
+            "weights_sha256": weights.hexdigest()}
+
+
+def previous_run(out: Path, config: dict, resume: bool) -> dict | None:
+    r"""
+    Checks that this run may write to ``out``: a folder with records must hold the same configuration
+    (``limit`` aside: a larger one extends the run) and be resumed.
+
+    Args:
+        out (Path): the run's folder.
+        config (dict): this run's configuration as JSON.
+        resume (bool): whether the records there are to be continued.
+    Returns:
+        The stored ``config.json`` when records are resumed (its fingerprints are to be checked), else None.
+    """
+    path = out / "config.json"
+    if not path.exists() or not read_records(out, include_skipped=True):
+        return None
+    stored = json.loads(path.read_text())
+    keys = sorted((set(stored) | set(config)) - {"limit", "fingerprint"})
+    changed = [key for key in keys if stored.get(key) != config.get(key)]
+    if changed:
+        raise ValueError(f"{out} holds a run with another configuration ({', '.join(changed)} differ, see {path}); "
+                         "use another --out.")
+    if not resume:
+        raise ValueError(f"{out} already holds results: pass --resume to continue them, or use another --out.")
+    return stored
+
+
+def check_data(out: Path, previous: dict | None, examples: Sequence[Example]) -> None:
+    r"""
+    Refuses to resume on other data: the first examples, as many as the stored run had, must hash as
+    they did. ``examples`` must hold at least that many when the source still does.
+    """
+    before = (previous or {}).get("fingerprint", {}).get("data")
+    if before is None:
+        return
+    now = data_fingerprint(examples[: before["examples"]])
+    if now != before:
+        found = (f"only {now['examples']} examples are left of the {before['examples']}"
+                 if now["examples"] < before["examples"] else f"its first {before['examples']} examples differ")
+        raise ValueError(f"the data changed since {out} was started ({found}); use a new --out for the new data.")
+
+
+def check_model(out: Path, previous: dict | None, fingerprint: dict[str, str]) -> None:
+    r"""Refuses to resume with another model: its configuration and weights must hash as they did."""
+    before = (previous or {}).get("fingerprint", {}).get("model")
+    if before is None:
+        return
+    changed = [what for what, key in (("configuration", "config_sha256"), ("weights", "weights_sha256"))
+               if before.get(key) != fingerprint[key]]
+    if changed:
+        raise ValueError(f"the model's {' and '.join(changed)} changed since {out} was started; use a new --out "
+                         "for the new model.")
+
+
+def write_config(out: Path, config: dict, fingerprint: dict[str, Any]) -> None:
+    r"""Writes ``out/config.json``: the configuration and the fingerprints of the data and the model."""
+    _write_atomically(out / "config.json", json.dumps({**config, "fingerprint": fingerprint}, indent=2).encode())
+
+
+def previous_examples(previous: dict | None) -> int | None:
+    r"""How many examples the stored run's data fingerprint covers, or None."""
+    before = (previous or {}).get("fingerprint", {}).get("data")
+    return None if before is None else before["examples"]

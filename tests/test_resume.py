@@ -1,0 +1,125 @@
+"""Safe resuming: atomic repairs that keep whole records, other data or weights refused, one run per folder."""
+
+import copy
+import fcntl
+import json
+import os
+
+import pytest
+import torch
+
+from captum_cw.evaluation import EvaluationConfig, evaluate
+from captum_cw.evaluation.protocols import ProtocolConfig
+from captum_cw.evaluation.run_folder import locked, read_records, repair_tail
+from captum_cw.models import load_model
+from conftest import TEST_DATA
+
+RECORD = {"id": "mmlu-0", "label": 1, "clean": {}, "results": {}}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llm_dir):
+    return load_model(str(tiny_llm_dir))
+
+
+def _config(data_dir, task="gsm8k", limit=2):
+    return EvaluationConfig(task=task, limit=limit, data_dir=str(data_dir), max_tokens=16,
+                            protocol=ProtocolConfig(metrics=("cw_inter", "random"), bins=(50,)))
+
+
+def _run(tiny, config, out, resume=False, model=None):
+    model_, tokenizer = tiny
+    return evaluate(config, out, resume=resume, model=model or model_, tokenizer=tokenizer, progress=False)
+
+
+def _copy_data(tmp_path, task_file="gsm8k_test.jsonl"):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / task_file).write_text((TEST_DATA / task_file).read_text())
+    return folder
+
+
+def test_a_last_record_without_its_newline_is_kept(tmp_path):
+    path = tmp_path / "records.jsonl"
+    second = {**RECORD, "id": "mmlu-1"}
+    path.write_text(json.dumps(RECORD) + "\n" + json.dumps(second))
+    repair_tail(path)
+    assert path.read_text() == json.dumps(RECORD) + "\n" + json.dumps(second) + "\n"
+    skipped = {"id": "mmlu-2", "skipped": "too short"}
+    with open(path, "a") as handle:
+        handle.write(json.dumps(skipped))
+    repair_tail(path)
+    assert [r["id"] for r in read_records(tmp_path, include_skipped=True)] == ["mmlu-0", "mmlu-1", "mmlu-2"]
+
+
+def test_a_torn_line_is_cut_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "records.jsonl"
+    for torn in ('{"id": "mmlu-1", "resu', '{"id": "mmlu-1"}', "[1, 2]"):  # unfinished, or valid JSON but no record
+        path.write_text(json.dumps(RECORD) + "\n" + torn)
+        repair_tail(path)
+        assert path.read_text() == json.dumps(RECORD) + "\n"
+    path.write_text(json.dumps(RECORD) + "\n" + '{"id": "mmlu-1", "resu')
+    before = path.read_bytes()
+
+    def killed(*args):
+        raise KeyboardInterrupt  # as if the process died while it replaced the file
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        repair_tail(path)
+    assert path.read_bytes() == before  # the file is whole, never emptied
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]  # no temporary file left
+
+
+def test_resume_keeps_a_record_that_lost_its_newline(tiny, tmp_path):
+    config = _config(TEST_DATA)
+    _run(tiny, config, tmp_path)
+    records = tmp_path / "records.jsonl"
+    records.write_text(records.read_text().rstrip("\n"))
+    summary = _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)
+    assert summary["n_examples"] == 3
+    assert [json.loads(line)["id"] for line in records.read_text().splitlines()] == ["gsm8k-0", "gsm8k-1", "gsm8k-2"]
+
+
+def test_resume_refuses_changed_data_at_the_same_path(tiny, tmp_path):
+    data = _copy_data(tmp_path)
+    out = tmp_path / "out"
+    _run(tiny, _config(data), out)
+    stored = json.loads((out / "config.json").read_text())["fingerprint"]["data"]
+    assert stored["examples"] == 2 and len(stored["sha256"]) == 64
+    assert _run(tiny, _config(data, limit=3), out, resume=True)["n_examples"] == 3  # the same data, extended
+    rows = (data / "gsm8k_test.jsonl").read_text().splitlines()
+    rows[1] = json.dumps({**json.loads(rows[1]), "question": "How many?"})
+    (data / "gsm8k_test.jsonl").write_text("\n".join(rows) + "\n")
+    for limit in (1, 4):  # a smaller limit still checks every example already recorded
+        with pytest.raises(ValueError, match=r"the data changed since .* \(its first 3 examples differ\); use a "
+                                             r"new --out for the new data\."):
+            _run(tiny, _config(data, limit=limit), out, resume=True)
+    (data / "gsm8k_test.jsonl").write_text("\n".join(rows[:2]) + "\n")
+    with pytest.raises(ValueError, match=r"only 2 examples are left of the 3"):
+        _run(tiny, _config(data, limit=4), out, resume=True)
+
+
+def test_resume_refuses_other_weights(tiny, tmp_path):
+    model, _ = tiny
+    _run(tiny, _config(TEST_DATA), tmp_path)
+    retrained = copy.deepcopy(model)
+    with torch.no_grad():
+        retrained.model.layers[1].mlp.down_proj.weight.add_(0.01)
+    with pytest.raises(ValueError, match=r"the model's weights changed since .*; use a new --out for the new model\."):
+        _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
+    retrained = copy.deepcopy(model)
+    retrained.config.rope_theta = 1.0
+    with pytest.raises(ValueError, match=r"the model's configuration changed since"):
+        _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
+    assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+
+
+def test_a_second_run_on_the_same_folder_is_refused(tiny, tmp_path):
+    with locked(tmp_path):
+        with pytest.raises(ValueError, match=rf"{tmp_path} is in use by another run \(process {os.getpid()} holds "):
+            _run(tiny, _config(TEST_DATA), tmp_path)
+    assert not (tmp_path / "records.jsonl").exists()
+    _run(tiny, _config(TEST_DATA), tmp_path)
+    with open(tmp_path / ".lock") as handle:  # released when the run ends
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

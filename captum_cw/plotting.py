@@ -21,11 +21,16 @@ def plot_layer_token_heatmaps(
     Args:
         panels (dict[str, Tensor]): metric name -> scores ``(n_layers, n_tokens)``.
         tokens (Sequence[str]): the token labels.
-        path (str or Path): where to write the PNG.
+        path (str or Path): where to write the image; its suffix picks the format (``.png`` added when
+                    it has none).
         title (str, optional): figure title.
     Returns:
         The path written.
     """
+    path = Path(path)
+    path = path if path.suffix else path.with_suffix(".png")
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give the heatmap a file name such as {path / 'heatmap.png'}.")
     n_layers, n_tokens = next(iter(panels.values())).shape
     figure = Figure(figsize=(2 + 0.45 * n_tokens * len(panels), 1.5 + 0.18 * n_layers))
     axes = figure.subplots(1, len(panels), squeeze=False)
@@ -40,7 +45,6 @@ def plot_layer_token_heatmaps(
     if title:
         figure.suptitle(title)
     figure.tight_layout()
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     return path

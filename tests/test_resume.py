@@ -123,3 +123,9 @@ def test_a_second_run_on_the_same_folder_is_refused(tiny, tmp_path):
     _run(tiny, _config(TEST_DATA), tmp_path)
     with open(tmp_path / ".lock") as handle:  # released when the run ends
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_records_without_their_configuration_are_not_mixed_in(tiny, tmp_path):
+    (tmp_path / "records.jsonl").write_text(json.dumps({**RECORD, "id": "gsm8k-0"}) + "\n")
+    with pytest.raises(ValueError, match="holds records but no config.json to check them against"):
+        _run(tiny, _config(TEST_DATA), tmp_path, resume=True)

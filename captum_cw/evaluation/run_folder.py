@@ -159,8 +159,10 @@ def previous_run(out: Path, config: dict, resume: bool) -> dict | None:
         The stored ``config.json`` when records are resumed (its fingerprints are to be checked), else None.
     """
     path = out / "config.json"
-    if not path.exists() or not read_records(out, include_skipped=True):
+    if not read_records(out, include_skipped=True):
         return None
+    if not path.exists():
+        raise ValueError(f"{out} holds records but no config.json to check them against; use another --out.")
     stored = json.loads(path.read_text())
     keys = sorted((set(stored) | set(config)) - {"limit", "fingerprint"})
     changed = [key for key in keys if stored.get(key) != config.get(key)]

@@ -46,6 +46,7 @@ class AttentionCall:
     softcap: float | None
     sliding_window: int | None
     is_causal: bool
+    weights: Tensor | None = None  # [batch, head, query, key]: the kernel's own weights if it returned them (eager)
 
     @property
     def n_heads(self) -> int:
@@ -196,6 +197,7 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
                     softcap=kwargs.get("softcap"),
                     sliding_window=kwargs.get("sliding_window"),
                     is_causal=bool(kwargs.get("is_causal", getattr(module, "is_causal", True))),
+                    weights=output[1] if len(output) > 1 and isinstance(output[1], Tensor) else None,
                 )
             )
             if replacement is not None:

@@ -35,12 +35,18 @@ class HeadGeometry:
         alpha (Tensor): attention weights ``(batch, head, row, key)``.
         values (Tensor): value vectors per query head ``(batch, head, key, d_head)``.
         head_projections (Tensor): ``W_O`` per head ``(head, d_head, d_model)``.
+        mixed_values (Tensor, optional): ``alpha @ values`` when it is already known,
+                    e.g. the attention kernel's own float32 output, checked against
+                    the recomputation by the self-check. Default: recomputed.
     """
 
-    def __init__(self, alpha: Tensor, values: Tensor, head_projections: Tensor) -> None:
+    def __init__(self, alpha: Tensor, values: Tensor, head_projections: Tensor,
+                 mixed_values: Tensor | None = None) -> None:
         self.alpha = alpha  # [batch, head, row, key]
         self.values = values  # [batch, head, key, d_head]
         self.head_projections = head_projections  # [head, d_head, d_model]
+        if mixed_values is not None:
+            self.mixed_values = mixed_values  # [batch, head, row, d_head]; fills the cached property
 
     @cached_property
     def mixed_values(self) -> Tensor:

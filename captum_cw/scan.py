@@ -112,9 +112,9 @@ def check_inputs(model: nn.Module, model_inputs: ModelInputs) -> None:
         ValueError: for a model in training mode, cached keys, token ids that are
                     empty, not integers or outside the vocabulary, or integer pixels.
     """
-    if model.training:
-        raise ValueError("The model is in training mode: dropout would make its attention differ from the "
-                         "recomputed one. Call model.eval() first.")
+    if any(module.training for module in model.modules()):
+        raise ValueError("The model (or one of its modules) is in training mode: dropout would make its attention "
+                         "random and differ from the recomputed one. Call model.eval() first.")
     if model_inputs.keyword.get("past_key_values") is not None:
         raise ValueError("past_key_values is not supported: cached keys have no query rows to attribute. Pass the "
                          "whole sequence (prompt and continuation) as inputs instead.")
@@ -138,6 +138,23 @@ def check_inputs(model: nn.Module, model_inputs: ModelInputs) -> None:
         if low < 0 or high >= vocabulary:
             raise ValueError(f"token ids range over [{int(low)}, {int(high)}] but the model's vocabulary has "
                              f"{vocabulary} entries; encode the text with this model's own tokenizer.")
+
+
+def kernel_rows(call: AttentionCall, rows: Tensor) -> tuple[Tensor, Tensor] | None:
+    r"""
+    ``alpha`` ``(batch, head, row, key)`` and mixed values ``(batch, head, row, d_head)`` of ``rows`` as the
+    attention kernel itself computed them, when it returned its weights in the dtype of the recomputation
+    (eager in float32 or float64), else None. Taking them saves recomputing the scores, the softmax and
+    ``alpha @ V``; the self-check still compares the two with the kernel's output (docs/DESIGN.md,
+    "Self-check").
+    """
+    weights = call.weights
+    if weights is None or weights.dtype != call.compute_dtype or weights.shape[-2:] != (
+            call.query.shape[2], call.key.shape[2]) or weights.shape[1] != call.n_heads:
+        return None
+    alpha = weights.detach().index_select(2, rows)  # [batch, head, row, key]
+    mixed = call.output.detach().index_select(1, rows).transpose(1, 2)  # [batch, head, row, d_head]
+    return alpha, mixed
 
 
 def scan_geometry(
@@ -175,13 +192,15 @@ def scan_geometry(
             values = torch.where(padding.to(device)[:, None, :, None], values, 0.0)
         projections = layers[k].head_projections(call.n_heads, call.compute_dtype).to(device)  # [head, d_head, d_model]
         for chunk, rows in enumerate(all_rows.split(chunk_size)):
-            alpha = call.alpha(rows)  # [batch, head, row, key]
+            alpha, mixed = kernel_rows(call, rows) or (call.alpha(rows), None)  # [b, head, row, key], [.., d_head]
             if padding is not None and padding.shape[1] == alpha.shape[-1]:
                 mask = padding.to(device)
-                alpha = alpha * mask[:, None, None, :] * mask[:, rows][:, None, :, None]
+                real_rows = mask[:, rows][:, None, :, None]  # [batch, 1, row, 1]
+                alpha = alpha * mask[:, None, None, :] * real_rows
+                mixed = None if mixed is None else torch.where(real_rows, mixed, 0.0)
             if verify and chunk == 0:
                 checks.append(check_layer(layers[k], call, rows, alpha, values, projections, padding))
-            on_chunk(k, rows, HeadGeometry(alpha, values, projections))
+            on_chunk(k, rows, HeadGeometry(alpha, values, projections, mixed))
 
     with torch.no_grad(), capture_attention(model, [layer.attention for layer in layers], on_call):
         output = model(model_inputs.main, *positional_args, **model_inputs.keyword)

@@ -19,15 +19,21 @@ def test_dropout_in_train_mode_is_caught():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.3)
-    model = transformers.LlamaForCausalLM(config).train()
-    model.set_attn_implementation("eager")
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("sdpa")  # no weights from the kernel: alpha is recomputed
+    layers = find_attention_layers(model)
+    for layer in layers:
+        layer.attention.train()  # dropout on in the attention only: the model itself reads as eval
     ids = torch.randint(0, 64, (2, 12))
-    with pytest.raises(ValueError, match="training mode.*model.eval"):  # the attributor refuses up front
+    with pytest.raises(ValueError, match="one of its modules.*training mode.*model.eval"):  # refused up front
         ContributionWeights(model).attribute(ids)
     with pytest.raises(ValueError, match=r"Self-check failed at layer 0: the recomputed attention .*dropout"):
-        _scan(model, find_attention_layers(model), ids)  # the self-check catches it where nothing refused it
+        _scan(model, layers, ids)  # the self-check catches it where nothing refused it
+    model.set_attn_implementation("eager")  # the kernel's own (dropped-out) weights: consistent with its output
+    _scan(model, layers, ids)
     model.eval()
-    _scan(model, find_attention_layers(model), ids)
+    model.set_attn_implementation("sdpa")
+    _scan(model, layers, ids)
 
 
 def test_a_position_bias_the_recomputation_lacks_is_caught():
@@ -96,3 +102,19 @@ def test_tolerances_by_dtype():
     assert tolerance(torch.float32) == tolerance(torch.float64) == 1e-4
     assert tolerance(torch.float16) == pytest.approx(16 * 2**-10)
     assert tolerance(torch.bfloat16) == pytest.approx(16 * 2**-7)
+
+
+@pytest.mark.parametrize("implementation, dtype, recomputed", [
+    ("eager", torch.float32, False), ("sdpa", torch.float32, True), ("eager", torch.bfloat16, True)])
+def test_an_eager_float32_kernel_gives_its_own_weights(monkeypatch, implementation, dtype, recomputed):
+    from captum_cw.capture import AttentionCall
+
+    model = FAMILIES["llama"].build().to(dtype)
+    model.set_attn_implementation(implementation)
+    ids, mask = example_inputs(FAMILIES["llama"])
+    calls = []
+    original = AttentionCall.alpha
+    monkeypatch.setattr(AttentionCall, "alpha", lambda self, rows: calls.append(rows) or original(self, rows))
+    scores, delta = ContributionWeights(model).attribute(ids, attention_mask=mask, return_convergence_delta=True)
+    assert bool(calls) == recomputed
+    assert (delta < 1e-5).all() and (scores[~mask.bool()[:, None, :, None].expand_as(scores)] == 0).all()

@@ -7,11 +7,22 @@ weight. Everything else (head counts, GQA groups, scaling, masks) is read from
 the attention call itself, so a new family usually needs one line::
 
     register_architecture("olmo2", Architecture("Olmo2Attention", "o_proj"))
+
+A family that is not registered is discovered from the model's structure (see
+:func:`find_attention_layers`): the modules whose ``forward`` calls the attention
+interface, and their output projection among the usual names. Discovery only
+guesses where the pieces are; what makes the scores trustworthy is the self-check
+that every ``attribute()`` runs (:mod:`captum_cw.self_check`, ``verify=True``), which
+refuses a discovered family whose attention has terms the recomputation lacks
+(T5's relative position bias) or whose projection is not ``W_O``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -63,6 +74,17 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "gpt2": Architecture("GPT2Attention", "c_proj", weight_layout="conv1d"),
     "bert": Architecture("BertSelfAttention", "^.output.dense"),
     "vit": Architecture("ViTAttention", "o_proj"),
+    "phi3": Architecture("Phi3Attention", "o_proj"),  # fused qkv_proj: V is read from the attention call
+    "olmo2": Architecture("Olmo2Attention", "o_proj"),
+    "gpt_neox": Architecture("GPTNeoXAttention", "dense"),
+    "stablelm": Architecture("StableLmAttention", "o_proj"),
+    "gemma2": Architecture("Gemma2Attention", "o_proj"),  # logit softcapping, eager only
+    "mixtral": Architecture("MixtralAttention", "o_proj"),
+    "granite": Architecture("GraniteAttention", "o_proj"),
+    "roberta": Architecture("RobertaSelfAttention", "^.output.dense"),
+    "opt": Architecture("OPTAttention", "out_proj"),
+    "smollm3": Architecture("SmolLM3Attention", "o_proj"),
+    "distilbert": Architecture("DistilBertSelfAttention", "out_lin"),
 }
 
 
@@ -90,6 +112,7 @@ class AttentionLayer:
     attention: nn.Module
     output_projection: nn.Module
     weight_layout: str
+    discovered: bool = False  # found by structure, not from the registry: only the self-check vouches for it
 
     def head_projections(self, n_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
         r"""
@@ -129,19 +152,35 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
     r"""
     Finds the attention layers of ``model`` in forward order.
 
+    A family registered under ``config.model_type`` (or a sub-config's) is
+    resolved from its :class:`Architecture`. Any other family is discovered:
+
+    - its attention modules are those whose class's ``forward`` reads
+      ``ALL_ATTENTION_FUNCTIONS`` (transformers' attention interface), leaving
+      out cross-attention (a class or attribute named as such, or
+      ``is_cross_attention`` on the module or its parent);
+    - all of them must be of one class;
+    - its output projection is the first of the children ``o_proj``,
+      ``out_proj``, ``dense``, ``c_proj``, ``out_lin``, ``o`` (T5) that the first
+      such module has, or else its parent's ``output.dense`` (BERT-style), the
+      same path in every layer; the weight layout follows the projection's
+      class (GPT-2's ``Conv1D``: ``"conv1d"``).
+
+    A discovered family is announced once per model type with a warning that
+    names what was found and the ``register_architecture`` call that silences
+    it. It is trusted only through the self-check that ``attribute()`` runs
+    (``verify=True``, the default): with ``verify=False`` nothing checks it.
+
     Raises:
-        ValueError: if the model's family is not registered, or no attention
-                    module of the registered class is found in it.
+        ValueError: if the registered class is missing from the model, the
+                    family's attention does not go through the attention
+                    interface, or discovery finds no attention module, more
+                    than one attention class, or no output projection.
     """
     types = _model_types(model)
     known = [t for t in types if t in _ARCHITECTURES]
     if not known:
-        raise ValueError(
-            f"Unsupported architecture {types or type(model).__name__!r}: captum_cw does not know where "
-            "its attention modules and output projections are. Register it with "
-            "captum_cw.register_architecture(model_type, Architecture(attention='<AttentionClass>', "
-            "output_projection='o_proj')). Known: " + ", ".join(sorted(_ARCHITECTURES))
-        )
+        return _discover(model, types)
     layers: list[AttentionLayer] = []
     for model_type in known:
         arch = _ARCHITECTURES[model_type]
@@ -158,6 +197,115 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
             f"Found no attention module of class {_ARCHITECTURES[known[0]].attention!r} in "
             f"{type(model).__name__}: the model has no attention weights to attribute. If the class was "
             "renamed, register the architecture again with register_architecture()."
+        )
+    return layers
+
+
+#: children of an attention module that are tried, in this order, as its output projection
+USUAL_PROJECTIONS = ("o_proj", "out_proj", "dense", "c_proj", "out_lin", "o")
+_SIBLING_PROJECTION = "^.output.dense"
+_CROSS_ATTENTION_NAMES = ("crossattention", "cross_attention", "cross_attn", "encoder_attn", "encdecattention")
+_ANNOUNCED: set[str] = set()  # model types whose discovery was announced
+
+
+@functools.cache
+def _calls_attention_interface(cls: type) -> bool:
+    r"""Whether ``cls.forward`` calls transformers' attention interface: its code reads
+    ``ALL_ATTENTION_FUNCTIONS`` (decorators unwrapped), else its source names it or calls ``attention_interface``;
+    the class's modeling module must import ``ALL_ATTENTION_FUNCTIONS`` either way."""
+    source_module = sys.modules.get(cls.__module__)
+    if source_module is None or not hasattr(source_module, "ALL_ATTENTION_FUNCTIONS"):
+        return False
+    forward = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    code = getattr(forward, "__code__", None)
+    if code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names:
+        return True
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source or "attention_interface(" in source
+
+
+def _is_cross_attention(name: str, module: nn.Module, parent: nn.Module | None) -> bool:
+    names = [part.lower() for part in name.split(".")[-2:]]
+    names += [type(module).__name__.lower(), type(parent).__name__.lower()]
+    flagged = getattr(module, "is_cross_attention", False) or getattr(parent, "is_cross_attention", False)
+    return flagged is True or any(cross in part for part in names for cross in _CROSS_ATTENTION_NAMES)
+
+
+def _find_projection(model: nn.Module, name: str, module: nn.Module) -> str | None:
+    r"""The path of ``module``'s output projection among the usual names, or None."""
+    for path in (*USUAL_PROJECTIONS, _SIBLING_PROJECTION):
+        try:
+            projection = _resolve(model, name, path)
+        except AttributeError:
+            continue
+        if projection is not module and isinstance(getattr(projection, "weight", None), Tensor) \
+                and projection.weight.dim() == 2:
+            return path
+    return None
+
+
+def _unsupported(types: list[str], model: nn.Module) -> str:
+    return f"Unsupported architecture {types[0] if types else type(model).__name__!r}"
+
+
+def _discover(model: nn.Module, types: list[str]) -> list[AttentionLayer]:
+    r"""Finds the attention layers of an unregistered family from the model's structure."""
+    parents = {id(child): module for module in model.modules() for child in module.children()}
+    found = [(name, module) for name, module in model.named_modules()
+             if _calls_attention_interface(type(module))
+             and not _is_cross_attention(name, module, parents.get(id(module)))]
+    model_type = types[0] if types else type(model).__name__
+    register = (f"captum_cw.register_architecture({model_type!r}, Architecture(attention='<AttentionClass>', "
+                "output_projection='o_proj'))")
+    if not found:
+        outside = sorted({type(m).__name__ for m in model.modules()
+                          if "attention" in type(m).__name__.lower()})
+        if outside:
+            raise ValueError(
+                f"{_unsupported(types, model)}: its attention ({', '.join(outside[:3])}) does not call "
+                "transformers' attention interface (ALL_ATTENTION_FUNCTIONS), so captum_cw cannot capture it; "
+                "this family is not supported, whatever attn_implementation it runs."
+            )
+        raise ValueError(
+            f"{_unsupported(types, model)}: captum_cw found no module that calls transformers' attention "
+            f"interface, so it does not know where the attention modules and output projections are. If the "
+            f"model has them, register it with {register}. Known: " + ", ".join(sorted(_ARCHITECTURES))
+        )
+    classes = sorted({type(module).__name__ for _, module in found})
+    if len(classes) > 1:
+        raise ValueError(
+            f"{_unsupported(types, model)}: captum_cw found attention modules of several classes "
+            f"({', '.join(classes)}) and does not guess which to attribute; register the one you want with "
+            f"{register}."
+        )
+    path = _find_projection(model, *found[0])
+    if path is None or any(_find_projection(model, name, module) != path for name, module in found[1:]):
+        raise ValueError(
+            f"{_unsupported(types, model)}: captum_cw found {len(found)} attention modules of class "
+            f"{classes[0]} but no output projection among their children "
+            f"{', '.join(USUAL_PROJECTIONS)} or their parent's output.dense (the same in every layer); register "
+            f"it with captum_cw.register_architecture({model_type!r}, Architecture(attention={classes[0]!r}, "
+            "output_projection='<path from the attention module>'))."
+        )
+    layout = "conv1d" if type(_resolve(model, found[0][0], path)).__name__ == "Conv1D" else "linear"
+    arch = Architecture(classes[0], path, layout)
+    layers = []
+    for name, module in found:
+        projection = _resolve(model, name, path)
+        _check_layout(projection, arch)
+        layers.append(AttentionLayer(len(layers), module, projection, layout, discovered=True))
+    if model_type not in _ANNOUNCED:
+        _ANNOUNCED.add(model_type)
+        layout_arg = ", weight_layout='conv1d'" if layout == "conv1d" else ""
+        warnings.warn(
+            f"captum_cw: discovered {len(layers)} attention layers of class {arch.attention} with output "
+            f"projection {path!r} for model_type {model_type!r}; the self-check of each attribute() call "
+            f"(verify=True) vouches for them. register_architecture({model_type!r}, "
+            f"Architecture({arch.attention!r}, {path!r}{layout_arg})) to silence this.",
+            stacklevel=3,
         )
     return layers
 

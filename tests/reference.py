@@ -70,7 +70,9 @@ def reference_metrics(family: TinyFamily, model: nn.Module, inputs: Tensor, mask
     examples = []
     for ids, real in zip(inputs, mask.bool()):
         positions = real.nonzero().flatten()
-        metrics = _unpadded_metrics(family, model, ids[real][None], position_ids=positions[None])
+        position_ids = family.position_ids(positions)  # None: the model numbers its real tokens itself
+        kwargs = {} if position_ids is None else {"position_ids": position_ids}
+        metrics = _unpadded_metrics(family, model, ids[real][None], **kwargs)
         full = {}
         for name, value in metrics.items():  # [1, layer, head, m, m] -> [1, layer, head, n, n]
             embedded = value.new_zeros(*value.shape[:3], len(ids), len(ids))

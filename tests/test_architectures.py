@@ -1,4 +1,10 @@
-"""Every metric on every supported family equals a float64 brute force of its definition."""
+"""Every metric on every supported family equals a float64 brute force of its definition.
+
+The first eight families run the whole (metric x implementation x selection) matrix by default; the
+eleven registered later run one case each by default and the whole matrix with ``-m slow``.
+"""
+
+import functools
 
 import pytest
 import torch
@@ -27,18 +33,50 @@ def assert_matches(actual, expected):
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6 * max(scale, 1.0))
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family_case(request):
-    family = FAMILIES[request.param]
+EXHAUSTIVE = ("bert", "gemma3_text", "gpt2", "llama", "mistral", "qwen2", "qwen3", "vit")
+ONE_CASE = sorted(set(FAMILIES) - set(EXHAUSTIVE))
+
+
+@functools.cache
+def _case(name):
+    family = FAMILIES[name]
     model = family.build()
     inputs, mask = example_inputs(family)
     return family, model, inputs, mask, reference_metrics(family, model, inputs, mask)
+
+
+@pytest.fixture(scope="module", params=[
+    name if name in EXHAUSTIVE else pytest.param(name, marks=pytest.mark.slow) for name in sorted(FAMILIES)
+])
+def family_case(request):
+    return _case(request.param)
+
+
+def _fastest_implementation(family):
+    return "sdpa" if "sdpa" in family.implementations else family.implementations[0]
+
+
+@pytest.mark.parametrize("name", ONE_CASE)
+def test_registered_family_matches_brute_force(name):
+    """The default run's case for the later families: per-head CW (intra) in every implementation the
+    family supports, with padding, and the inter factors (attention, relative norm, cosine)."""
+    family, model, inputs, mask, reference = _case(name)
+    for implementation in family.implementations:
+        model.set_attn_implementation(implementation)
+        scores = ContributionWeights(model, variant="intra").attribute(inputs, attention_mask=mask, per_head=True)
+        assert_matches(scores, reference["cw_intra"])
+    factors = ContributionWeights(model).attribute_factors(inputs, attention_mask=mask)
+    assert_matches(factors.attention, reference["attention"])
+    assert_matches(factors.relative_norm, reference["relative_norm_inter"])
+    assert_matches(factors.cosine, reference["cosine_inter"])
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("metric", sorted(ATTRIBUTORS))
 def test_per_head_scores_match_brute_force(family_case, implementation, metric):
     family, model, inputs, mask, reference = family_case
+    if implementation not in family.implementations:
+        pytest.skip(f"{family.name} does not support {implementation} in transformers")
     model.set_attn_implementation(implementation)
     scores = ATTRIBUTORS[metric](model).attribute(inputs, attention_mask=mask, per_head=True)
     assert scores.shape == reference[metric].shape
@@ -48,7 +86,7 @@ def test_per_head_scores_match_brute_force(family_case, implementation, metric):
 @pytest.mark.parametrize("metric", sorted(ATTRIBUTORS))
 def test_selection_and_head_aggregation(family_case, metric):
     family, model, inputs, mask, reference = family_case
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(_fastest_implementation(family))
     n = reference[metric].shape[-1]
     rows = [n - 1, 0, 2]
     attributor = ATTRIBUTORS[metric](model, layers=[1, 0], heads=[3, 1], chunk_size=2)

@@ -23,6 +23,13 @@ class TinyFamily:
     value_path: str  # submodule of the attention module whose output holds v
     projection: Callable[[nn.Module, nn.Module], nn.Module]  # (model, attention module) -> output projection
     padding_side: str = "left"
+    implementations: tuple[str, ...] = ("eager", "sdpa")  # those the family supports
+    own_positions: bool = False  # positions come from the mask or the ids (OPT, RoBERTa), not from arange
+
+    def position_ids(self, real: Tensor) -> Tensor | None:
+        """Position ids of one unpadded example whose real tokens sat at ``real`` in the padded batch;
+        None lets the model number them itself (families that skip padding when they number tokens)."""
+        return None if self.own_positions else real[None]
 
     def projection_weight(self, projection: nn.Module) -> Tensor:
         """W_O as ``(heads * d_head, d_model)``."""
@@ -55,7 +62,16 @@ def _gpt2_value(module: nn.Module, output: Tensor) -> Tensor:
     return output.split(module.split_size, dim=2)[2]
 
 
-def _decoder(config_class, **extra):
+def _phi3_value(module: nn.Module, output: Tensor) -> Tensor:  # fused [q | k | v], GQA-sized k and v
+    return output[..., -module.num_key_value_heads * module.head_dim:]
+
+
+def _gpt_neox_value(module: nn.Module, output: Tensor) -> Tensor:  # per head [q | k | v]
+    per_head = output.unflatten(-1, (-1, 3 * module.head_size))  # [b, n, head, 3 * d]
+    return per_head[..., 2 * module.head_size:].flatten(2)
+
+
+def _decoder(config_class, model_kwargs=None, **extra):
     def build():
         torch.manual_seed(SEED)
         config = config_class(
@@ -69,9 +85,40 @@ def _decoder(config_class, **extra):
             initializer_range=0.2,
             **extra,
         )
-        return transformers.AutoModelForCausalLM.from_config(config).eval()
+        return transformers.AutoModelForCausalLM.from_config(config, **(model_kwargs or {})).eval()
 
     return build
+
+
+def _gpt_neox():
+    torch.manual_seed(SEED)
+    config = transformers.GPTNeoXConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, max_position_embeddings=64, initializer_range=0.2)
+    return transformers.GPTNeoXForCausalLM(config).eval()
+
+
+def _opt():
+    torch.manual_seed(SEED)
+    config = transformers.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                    num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                                    init_std=0.2)
+    return transformers.OPTForCausalLM(config).eval()
+
+
+def _roberta():
+    torch.manual_seed(SEED)
+    config = transformers.RobertaConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, initializer_range=0.2,
+    )
+    return transformers.RobertaModel(config, add_pooling_layer=False).eval()
+
+
+def _distilbert():
+    torch.manual_seed(SEED)
+    config = transformers.DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                           max_position_embeddings=64, initializer_range=0.2)
+    return transformers.DistilBertModel(config).eval()
 
 
 def _gpt2():
@@ -118,6 +165,61 @@ FAMILIES = {
     "bert": TinyFamily("bert", _bert, "encoder", "BertSelfAttention", _plain, "value", _sibling_projection,
                        padding_side="right"),
     "vit": TinyFamily("vit", _vit, "vision", "ViTAttention", _plain, "v_proj", _linear_projection("o_proj")),
+    # registered in issue #14: the first eight keep the exhaustive matrix in the default run, these in -m slow
+    "phi3": TinyFamily("phi3", _decoder(transformers.Phi3Config, pad_token_id=0), "decoder", "Phi3Attention",
+                       _phi3_value, "qkv_proj", _linear_projection("o_proj")),
+    "olmo2": TinyFamily("olmo2", _decoder(transformers.Olmo2Config), "decoder", "Olmo2Attention", _plain, "v_proj",
+                        _linear_projection("o_proj")),
+    "gpt_neox": TinyFamily("gpt_neox", _gpt_neox, "decoder", "GPTNeoXAttention", _gpt_neox_value, "query_key_value",
+                           _linear_projection("dense")),
+    "stablelm": TinyFamily("stablelm", _decoder(transformers.StableLmConfig, use_qkv_bias=True), "decoder",
+                           "StableLmAttention", _plain, "v_proj", _linear_projection("o_proj")),
+    "gemma2": TinyFamily(
+        "gemma2",
+        _decoder(transformers.Gemma2Config, head_dim=8, sliding_window=4, query_pre_attn_scalar=8,
+                 layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=1.0),
+        "decoder", "Gemma2Attention", _plain, "v_proj", _linear_projection("o_proj"),
+        implementations=("eager",),  # transformers refuses sdpa for it (no softcapping)
+    ),
+    "mixtral": TinyFamily(
+        "mixtral",
+        _decoder(transformers.MixtralConfig, {"experts_implementation": "eager"},  # grouped_mm has no float64
+                 num_local_experts=2, num_experts_per_tok=1),
+        "decoder", "MixtralAttention", _plain, "v_proj", _linear_projection("o_proj"),
+    ),
+    "granite": TinyFamily(
+        "granite",
+        _decoder(transformers.GraniteConfig, attention_multiplier=0.3, embedding_multiplier=2.0,
+                 residual_multiplier=0.5, logits_scaling=2.0),
+        "decoder", "GraniteAttention", _plain, "v_proj", _linear_projection("o_proj"),
+    ),
+    "roberta": TinyFamily("roberta", _roberta, "encoder", "RobertaSelfAttention", _plain, "value",
+                          _sibling_projection, padding_side="right", own_positions=True),
+    "opt": TinyFamily("opt", _opt, "decoder", "OPTAttention", _plain, "v_proj", _linear_projection("out_proj"),
+                      own_positions=True),
+    "smollm3": TinyFamily("smollm3", _decoder(transformers.SmolLM3Config, pad_token_id=0, no_rope_layers=[1, 0]),
+                          "decoder", "SmolLM3Attention", _plain, "v_proj", _linear_projection("o_proj")),
+    "distilbert": TinyFamily("distilbert", _distilbert, "encoder", "DistilBertSelfAttention", _plain, "v_lin",
+                             _linear_projection("out_lin"), padding_side="right"),
+}
+
+
+def _xlm_roberta():
+    torch.manual_seed(SEED)
+    config = transformers.XLMRobertaConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, initializer_range=0.2,
+    )
+    return transformers.XLMRobertaModel(config, add_pooling_layer=False).eval()
+
+
+# families captum_cw does not register: it must discover them (tests/test_discovery.py)
+UNREGISTERED = {
+    "starcoder2": TinyFamily("starcoder2", _decoder(transformers.Starcoder2Config, sliding_window=5,
+                                                       bos_token_id=1, eos_token_id=2), "decoder",
+                             "Starcoder2Attention", _plain, "v_proj", _linear_projection("o_proj")),
+    "xlm-roberta": TinyFamily("xlm-roberta", _xlm_roberta, "encoder", "XLMRobertaSelfAttention", _plain, "value",
+                              _sibling_projection, padding_side="right", own_positions=True),
 }
 
 

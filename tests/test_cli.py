@@ -4,7 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # a subprocess loads the model
 def test_attribute_prints_a_table_and_writes_a_heatmap(tmp_path):
     out = tmp_path / "heatmap.png"
     result = subprocess.run(

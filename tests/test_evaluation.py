@@ -216,6 +216,7 @@ def _args(model_dir, task, out, limit):
             "--max-tokens", "48", "--out", str(out)]
 
 
+@pytest.mark.slow  # CLI subprocesses
 @pytest.mark.parametrize("task", ["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
 def test_cli_smoke(tiny_llm_dir, tmp_path, task):
     result = _cli(_args(tiny_llm_dir, task, tmp_path, 2))
@@ -225,6 +226,7 @@ def test_cli_smoke(tiny_llm_dir, tmp_path, task):
     assert (tmp_path / "curves.png").exists() and (tmp_path / "summary.csv").read_text().count("AOPC") > 0
 
 
+@pytest.mark.slow  # CLI subprocesses
 def test_resume_after_a_killed_run_gives_the_same_summary(tiny_llm_dir, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert _cli(_args(tiny_llm_dir, "mmlu", whole, 4)).returncode == 0
@@ -251,6 +253,7 @@ def test_resume_after_a_killed_run_gives_the_same_summary(tiny_llm_dir, tmp_path
     assert first["aopc"] == second["aopc"] and first["bins"] == second["bins"]
 
 
+@pytest.mark.slow  # accelerate launch
 def test_two_processes_merge_to_the_single_process_summary(tiny_llm_dir, tmp_path):
     single, sharded = tmp_path / "single", tmp_path / "sharded"
     assert _cli(_args(tiny_llm_dir, "boolq", single, 3)).returncode == 0

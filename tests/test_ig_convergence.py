@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from captum_cw.evaluation import load_examples
@@ -32,6 +33,7 @@ def test_top_overlap_on_hand_made_numbers():
     assert top_overlap(reference, reference, percent=50) == 1.0
 
 
+@pytest.mark.slow  # the benchmark script in a subprocess
 def test_script_reports_gap_and_agreement(tiny_llm_dir, tmp_path):
     results = tmp_path / "IG.md"
     command = [sys.executable, str(SCRIPT), "--model", str(tiny_llm_dir), "--data-dir", str(TEST_DATA),

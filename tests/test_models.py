@@ -21,6 +21,7 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
         models.load_model("smollm2-135m")
 
 
+@pytest.mark.slow  # de-quantises the GGUF file, twice
 def test_gguf_model_is_dequantized_once_into_the_cache_with_the_same_weights(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -49,6 +50,7 @@ def test_gguf_model_is_dequantized_once_into_the_cache_with_the_same_weights(tmp
         assert torch.equal(built(ids).logits, expected) and torch.equal(model(ids).logits, expected)
 
 
+@pytest.mark.slow  # loads the GGUF file
 def test_unwritable_cache_falls_back_to_the_gguf_file(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from captum_cw.evaluation import EvaluationConfig, evaluate
 from captum_cw.evaluation.protocols import ProtocolConfig
 from captum_cw.evaluation.runner import read_records
@@ -14,6 +16,7 @@ from conftest import TEST_DATA
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "faithfulness_table.py"
 
 
+@pytest.mark.slow  # the benchmark script in a subprocess
 def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tiny_llm_dir, tmp_path):
     model, tokenizer = load_model(str(tiny_llm_dir))
     runs = {"mmlu": ("layer", 2), "gsm8k": ("layer", 1), "mmlu_input": ("input", 2)}

@@ -133,6 +133,7 @@ def test_sink_norm_effect_against_brute_force(llama):
     torch.testing.assert_close(only_head_1.norm[1, :, 0], only_head_1.norm[0, :, 0])  # untouched head
 
 
+@pytest.mark.slow  # a CLI subprocess
 def test_sinks_command_writes_numbers_and_plots(tiny_llm_dir, tmp_path):
     import json
     import os

@@ -15,6 +15,7 @@ def test_there_are_four_tutorials():
     assert [path.stem[:2] for path in TUTORIALS] == ["01", "02", "03", "04"]
 
 
+@pytest.mark.slow  # executes every notebook
 @pytest.mark.parametrize("path", TUTORIALS, ids=[path.stem for path in TUTORIALS])
 def test_tutorial_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTUM_CW_DATA", str(TEST_DATA))

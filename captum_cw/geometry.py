@@ -1,6 +1,6 @@
 """Pure tensor functions: the five per-head metrics and the three-factor decomposition.
 
-Notation (DESIGN.md section 1), all float32 and for a chunk of query rows:
+Notation (docs/DESIGN.md section 1), all float32 and for a chunk of query rows:
 ``alpha`` is ``(batch, head, row, key)``, ``values`` the value vectors ``v[h, j]``
 ``(batch, head, key, d_head)``, ``head_projections`` the per-head slices ``W_O[h]``
 ``(head, d_head, d_model)``. The projected values ``vt[h, j] = v[h, j] @ W_O[h]``

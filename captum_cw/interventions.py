@@ -2,7 +2,7 @@
 
 Removing key ``j`` from row ``i`` of head ``h`` at layer ``l`` subtracts ``alpha[h,i,j] * v[h,j]``
 from the head's mixed value, so the layer output ``o_i`` loses exactly ``alpha[h,i,j] * vt[h,j]``
-(DESIGN.md section 2). By default the remaining weights are not renormalised; with
+(docs/DESIGN.md section 2). By default the remaining weights are not renormalised; with
 ``renormalize=True`` they are rescaled to sum to 1 again.
 """
 

@@ -1,4 +1,4 @@
-"""The identities of DESIGN.md section 1, the completeness delta, precision and robustness."""
+"""The identities of docs/DESIGN.md section 1, the completeness delta, precision and robustness."""
 
 import pytest
 import torch

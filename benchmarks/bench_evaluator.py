@@ -10,6 +10,7 @@ interventions): no schedule of the same forwards beats it on the machine at hand
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -66,7 +67,9 @@ def floor(model, encoded, config: ProtocolConfig, n_variants: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--examples", type=int, default=3)
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser.add_argument("--data-dir",
+                        default=os.environ.get("CAPTUM_CW_DATA", str(HERE.parents[1] / "shared" / "data")),
+                        help="JSONL files in the hub schema (default: $CAPTUM_CW_DATA, else ../shared/data)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--batch-size", type=int, default=ProtocolConfig.batch_size)

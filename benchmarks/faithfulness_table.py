@@ -136,7 +136,8 @@ def write_results(args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--data-dir", default=os.environ.get("CAPTUM_CW_DATA", str(ROOT.parent / "shared" / "data")),
+                        help="JSONL files in the hub schema (default: $CAPTUM_CW_DATA, else ../shared/data)")
     parser.add_argument("--choice-limit", type=int, default=200)
     parser.add_argument("--text-limit", type=int, default=100)
     parser.add_argument("--input-limit", type=int, default=200, help="input-level examples per task; 0: none")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -91,7 +92,8 @@ def write(results: dict[str, list[dict]], args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--data-dir", default=os.environ.get("CAPTUM_CW_DATA", str(ROOT.parent / "shared" / "data")),
+                        help="JSONL files in the hub schema (default: $CAPTUM_CW_DATA, else ../shared/data)")
     parser.add_argument("--tasks", nargs="+", default=["mmlu", "winogrande", "boolq"])
     parser.add_argument("--examples", type=int, default=2, help="per task")
     parser.add_argument("--steps", type=int, nargs="+", default=[20, 50, 100, 200])

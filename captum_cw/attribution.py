@@ -12,10 +12,14 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_cw.architectures import AttentionLayer, find_attention_layers
-from captum_cw.geometry import IDENTITY_METRICS, METRICS, HeadGeometry
+from captum_cw.geometry import HeadGeometry
+from captum_cw.metrics import METRICS, Metric, get_metric
 from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs, resolve_positions, scan_geometry
 
 __all__ = [
+    "MetricAttribution",
+    "MetricScores",
+    "attribute_metrics",
     "ContributionWeights",
     "AttentionWeights",
     "ValueWeightedAttention",
@@ -71,18 +75,41 @@ def _selection(selected: Any, size: int, what: str) -> list[int]:
     return resolved
 
 
-class _AttentionGeometryAttribution(Attribution):
-    metric: ClassVar[str]
-    head_reduction: ClassVar[str] = "mean"
+class MetricScores(NamedTuple):
+    r"""Several metrics from one forward pass: scores and deltas keyed by metric name, and the model's output."""
+
+    scores: dict[str, Tensor]  # each (batch, n_layers, [n_heads,] n_query, n_key)
+    deltas: dict[str, Tensor]  # each (batch,), for the metrics with a completeness identity
+    output: Any
+
+
+class MetricAttribution(Attribution):
+    r"""
+    The scores of any registered per-head metric (:data:`captum_cw.metrics.METRICS`)
+    for the selected layers, heads and query rows; :class:`ContributionWeights` and
+    the baselines are this class with their metric fixed.
+
+    Args:
+        model (nn.Module): a transformers model of a supported architecture.
+        metric (str): a registered metric name, e.g. ``"cw_inter"``.
+        layers (int or Sequence[int], optional): layers to attribute, in the order
+                    wanted (negative counts from the end). Default: all.
+        heads (int or Sequence[int], optional): heads to keep. Default: all.
+        chunk_size (int, optional): query rows computed at once per layer. Default: 256
+        verify (bool, optional): run the self-check (see :class:`ContributionWeights`).
+                    Default: True
+    """
 
     def __init__(
         self,
         model: nn.Module,
+        metric: str,
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
         chunk_size: int = 256,
         verify: bool = True,
     ) -> None:
+        self.metric: Metric = get_metric(metric)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int (query rows per block), got {chunk_size!r}.")
         super().__init__(model)
@@ -95,7 +122,7 @@ class _AttentionGeometryAttribution(Attribution):
         self.verify = verify
 
     def has_convergence_delta(self) -> bool:
-        return self.metric in IDENTITY_METRICS
+        return self.metric.row_totals is not None
 
     @property
     def _input_device(self) -> torch.device:
@@ -139,55 +166,59 @@ class _AttentionGeometryAttribution(Attribution):
             return per_head
         return per_head.index_select(1, torch.tensor(self.heads, device=per_head.device))
 
-    def _reduce_heads(self, per_head: Tensor) -> Tensor:
+    @staticmethod
+    def _reduce_heads(per_head: Tensor, metric: Metric) -> Tensor:
         r"""Aggregates the head dimension of ``(batch, head, row, ...)`` as the metric does (sum or mean)."""
-        return per_head.sum(1) if self.head_reduction == "sum" else per_head.mean(1)
+        return per_head.sum(1) if metric.head_reduction == "sum" else per_head.mean(1)
 
-    def _allocate(self, n: int, batch: int, query_positions, per_head: bool, device: torch.device,
-                  keys: bool = True) -> dict[str, Tensor]:
-        rows = resolve_positions(query_positions, n).to(device)
-        slot_of_row = torch.full((n,), -1, dtype=torch.long, device=device)
-        slot_of_row[rows] = torch.arange(len(rows), device=device)
-        heads = (len(self.heads),) if per_head else ()
-        return {"out": torch.zeros((batch, len(self.layers), *heads, len(rows), *((n,) if keys else ())),
-                                   device=device),
-                "slot_of_row": slot_of_row}
-
-    def _expected_row_sums(
+    def _scan_metrics(
         self,
         model_inputs: ModelInputs,
         positional: tuple[Any, ...],
         query_positions: Sequence[int] | Tensor | None,
         per_head: bool,
-        metric_chunk=None,
-    ) -> tuple[Tensor, Tensor | None, Any]:
+        metrics: Sequence[Metric],
+        scores: bool = True,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor], Any]:
         r"""
-        One forward pass: what each returned row must sum to by the completeness identity
-        (``(batch, n_layers, [n_heads,] n_query)``), with ``metric_chunk(k, rows, geometry)``
-        also storing the scores of each chunk when given.
+        One forward pass for several metrics: their scores (if ``scores``) and, for those
+        with a completeness identity, what each returned row must sum to, both shaped
+        as :meth:`attribute` returns them (``(batch, n_layers, [n_heads,] n_query[, n_key])``).
 
         Returns:
-            ``(expected row sums, scores or None, model output)``.
+            ``(scores by metric, expected row sums by metric, model output)``.
         """
         device = model_inputs.main.device
-        state: dict[str, Tensor] = {}
-        scores: dict[str, Tensor] = {}
+        found: dict[str, Tensor] = {}
+        expected: dict[str, Tensor] = {}
+        slot_of_row: dict[str, Tensor] = {}  # filled on the first chunk, once n is known
+
+        def store(into: dict[str, Tensor], name: str, k: int, slots: Tensor, values: Tensor) -> None:
+            r"""Writes ``values`` ``(batch, [head,] row[, key])`` of layer ``k`` into their rows."""
+            row_dim = -2 if into is found else -1
+            if name not in into:
+                shape = list(values.shape)
+                shape[row_dim] = int((slot_of_row["slots"] >= 0).sum())
+                into[name] = torch.zeros((shape[0], len(self.layers), *shape[1:]), device=device)
+            into[name][:, k].index_copy_(row_dim, slots, values.to(device, torch.float32))
 
         def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
-            batch, n = geometry.alpha.shape[0], geometry.alpha.shape[-1]
-            if "out" not in state:
-                state.update(self._allocate(n, batch, query_positions, per_head, device, keys=False))
-            slots = state["slot_of_row"][rows.to(device)]
-            totals = geometry.row_totals(self.metric)  # [batch, head, row]
-            if totals is not None:
-                totals = self._selected_heads(totals)
-                state["out"][:, k].index_copy_(-1, slots, (totals if per_head else self._reduce_heads(totals))
-                                               .to(device, torch.float32))
-            if metric_chunk is not None:
-                metric_chunk(k, rows, geometry, scores, slots)
+            if not slot_of_row:
+                n = geometry.alpha.shape[-1]
+                wanted = resolve_positions(query_positions, n).to(device)
+                slot_of_row["slots"] = torch.full((n,), -1, dtype=torch.long, device=device)
+                slot_of_row["slots"][wanted] = torch.arange(len(wanted), device=device)
+            slots = slot_of_row["slots"][rows.to(device)]
+            for metric in metrics:
+                if metric.row_totals is not None:
+                    totals = self._selected_heads(metric.row_totals(geometry))  # [batch, head, row]
+                    store(expected, metric.name, k, slots, totals if per_head else self._reduce_heads(totals, metric))
+                if scores:
+                    values = self._selected_heads(metric.per_head(geometry))  # [batch, head, row, key]
+                    store(found, metric.name, k, slots, values if per_head else self._reduce_heads(values, metric))
 
         output = self._scan(model_inputs, positional, query_positions, on_chunk)
-        return state["out"], scores.get("out"), output
+        return found, expected, output
 
     @staticmethod
     def _delta(attributions: Tensor, expected: Tensor) -> Tensor:
@@ -311,7 +342,9 @@ class _AttentionGeometryAttribution(Attribution):
             raise ValueError(f"attributions must be (batch, n_layers, [n_heads,] n_query, n_key) as attribute() "
                              f"returns them, got shape {tuple(attributions.shape)}.")
         model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
-        expected, _, _ = self._expected_row_sums(model_inputs, positional, query_positions, attributions.dim() == 5)
+        _, expected_by_metric, _ = self._scan_metrics(model_inputs, positional, query_positions,
+                                                      attributions.dim() == 5, [self.metric], scores=False)
+        expected = expected_by_metric[self.metric.name]
         if expected.shape != attributions.shape[:-1]:
             raise ValueError(f"attributions have shape {tuple(attributions.shape)} but these inputs and selections "
                              f"give rows {tuple(expected.shape)}; pass the arguments attribute() was called with.")
@@ -334,20 +367,12 @@ class _AttentionGeometryAttribution(Attribution):
             ``(attributions, delta, model_output)``.
         """
         model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
-        device = model_inputs.main.device
-
-        def metric_chunk(k: int, rows: Tensor, geometry: HeadGeometry, state: dict[str, Tensor], slots: Tensor):
-            metric = self._selected_heads(geometry.metric(self.metric))  # [batch, head, row, key]
-            if "out" not in state:
-                batch, n = metric.shape[0], metric.shape[-1]
-                state["out"] = self._allocate(n, batch, query_positions, per_head, device)["out"]
-            selected = metric if per_head else self._reduce_heads(metric)
-            state["out"][:, k].index_copy_(-2, slots, selected.to(device, torch.float32))
-
-        expected, scores, output = self._expected_row_sums(model_inputs, positional, query_positions, per_head,
-                                                           metric_chunk)
-        delta = self._delta(scores, expected) if self.has_convergence_delta() else scores.new_zeros(len(scores))
-        return scores, delta, output
+        scores, expected, output = self._scan_metrics(model_inputs, positional, query_positions, per_head,
+                                                      [self.metric])
+        scores_of_metric = scores[self.metric.name]
+        delta = (self._delta(scores_of_metric, expected[self.metric.name]) if self.has_convergence_delta()
+                 else scores_of_metric.new_zeros(len(scores_of_metric)))
+        return scores_of_metric, delta, output
 
 
 def _untuple(value: Any) -> tuple[bool, Any]:
@@ -360,7 +385,21 @@ def _untuple(value: Any) -> tuple[bool, Any]:
     return True, value[0]
 
 
-class ContributionWeights(_AttentionGeometryAttribution):
+class _FixedMetricAttribution(MetricAttribution):
+    metric_name: ClassVar[str]
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: int | Sequence[int] | None = None,
+        heads: int | Sequence[int] | None = None,
+        chunk_size: int = 256,
+        verify: bool = True,
+    ) -> None:
+        super().__init__(model, self.metric_name, layers, heads, chunk_size, verify)
+
+
+class ContributionWeights(MetricAttribution):
     r"""
     Contribution weights (Cunningham & Muca Cirone, 2026): the projection of each
     key's weighted, projected value vector onto the attention output,
@@ -393,9 +432,6 @@ class ContributionWeights(_AttentionGeometryAttribution):
         torch.Size([1, 1, 1, 3])
     """
 
-    head_reduction = "sum"
-    metric = "cw_inter"
-
     def __init__(
         self,
         model: nn.Module,
@@ -407,10 +443,8 @@ class ContributionWeights(_AttentionGeometryAttribution):
     ) -> None:
         if variant not in ("inter", "intra"):
             raise ValueError(f"variant must be 'inter' or 'intra', got {variant!r}.")
-        super().__init__(model, layers, heads, chunk_size, verify)
+        super().__init__(model, f"cw_{variant}", layers, heads, chunk_size, verify)
         self.variant = variant
-        self.metric = f"cw_{variant}"
-        self.head_reduction = "sum" if variant == "inter" else "mean"
 
     def attribute_factors(
         self,
@@ -437,10 +471,13 @@ class ContributionWeights(_AttentionGeometryAttribution):
 
         def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
             factors = geometry.decomposition(self.variant)
-            if "out" not in state:
+            if "factors" not in state:
                 batch, n = factors[0].shape[0], factors[0].shape[-1]
-                state.update(self._allocate(n, batch, query_positions, True, device))
-                state["factors"] = torch.stack([state["out"]] * 3)
+                wanted = resolve_positions(query_positions, n).to(device)
+                state["slot_of_row"] = torch.full((n,), -1, dtype=torch.long, device=device)
+                state["slot_of_row"][wanted] = torch.arange(len(wanted), device=device)
+                state["factors"] = torch.zeros(3, batch, len(self.layers), len(self.heads), len(wanted), n,
+                                               device=device)
             slots = state["slot_of_row"][rows.to(device)]
             padding = model_inputs.padding_mask
             for index, factor in enumerate(factors):
@@ -453,7 +490,7 @@ class ContributionWeights(_AttentionGeometryAttribution):
         return ContributionFactors(*state["factors"].unbind(0))
 
 
-class AttentionWeights(_AttentionGeometryAttribution):
+class AttentionWeights(_FixedMetricAttribution):
     r"""
     Raw attention weights ``alpha_ij`` (heads aggregated by mean), recomputed in
     float32 from the model's own queries, keys and masks under any attention
@@ -467,10 +504,10 @@ class AttentionWeights(_AttentionGeometryAttribution):
         verify (bool, optional): run the self-check, as in :class:`ContributionWeights`. Default: True
     """
 
-    metric = "attention"
+    metric_name = "attention"
 
 
-class ValueWeightedAttention(_AttentionGeometryAttribution):
+class ValueWeightedAttention(_FixedMetricAttribution):
     r"""
     Value-weighted attention ``alpha_ij ||vt_j||`` (Kobayashi et al., 2020), with
     ``vt_j = v_j W_O[h]`` the projected value; heads aggregated by mean.
@@ -478,10 +515,10 @@ class ValueWeightedAttention(_AttentionGeometryAttribution):
     Args: as :class:`AttentionWeights`.
     """
 
-    metric = "value_weighted"
+    metric_name = "value_weighted"
 
 
-class OutputNormalizedAttention(_AttentionGeometryAttribution):
+class OutputNormalizedAttention(_FixedMetricAttribution):
     r"""
     Output-normalised value-weighted attention ``alpha_ij ||vt_j|| / ||o_h,i||``;
     heads aggregated by mean. Within one head and row it ranks keys exactly as
@@ -490,7 +527,7 @@ class OutputNormalizedAttention(_AttentionGeometryAttribution):
     Args: as :class:`AttentionWeights`.
     """
 
-    metric = "output_normalized"
+    metric_name = "output_normalized"
 
 
 
@@ -501,12 +538,54 @@ def attributor_for(
     heads: int | Sequence[int] | None = None,
     chunk_size: int = 256,
     verify: bool = True,
-) -> _AttentionGeometryAttribution:
-    r"""The attributor of a per-head metric by name (one of :data:`captum_cw.geometry.METRICS`)."""
+) -> MetricAttribution:
+    r"""The attributor of a registered metric by name: its named class where it has one."""
+    get_metric(metric)
     if metric in ("cw_inter", "cw_intra"):
         return ContributionWeights(model, layers, heads, metric.removeprefix("cw_"), chunk_size, verify)
-    classes = {"attention": AttentionWeights, "value_weighted": ValueWeightedAttention,
-               "output_normalized": OutputNormalizedAttention}
-    if metric not in classes:
-        raise ValueError(f"Unknown metric {metric!r}; choose one of {', '.join(METRICS)}.")
-    return classes[metric](model, layers, heads, chunk_size, verify)
+    named = {cls.metric_name: cls for cls in _FixedMetricAttribution.__subclasses__()}
+    if metric in named:
+        return named[metric](model, layers, heads, chunk_size, verify)
+    return MetricAttribution(model, metric, layers, heads, chunk_size, verify)
+
+
+def attribute_metrics(
+    model: nn.Module,
+    inputs: Tensor | Mapping[str, Any],
+    metrics: Sequence[str] | None = None,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    attention_mask: Tensor | None = None,
+    additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
+    query_positions: Sequence[int] | Tensor | None = None,
+    per_head: bool = False,
+    chunk_size: int = 256,
+    verify: bool = True,
+) -> MetricScores:
+    r"""
+    Several metrics from one forward pass, each exactly as its attributor's
+    :meth:`~MetricAttribution.attribute` would return it.
+
+    Args:
+        metrics (Sequence[str], optional): registered metric names. Default: all
+                    registered at the time of the call.
+        Others: as :class:`MetricAttribution` and :meth:`MetricAttribution.attribute`.
+
+    Returns:
+        :class:`MetricScores`: ``scores[name]`` ``(batch, n_layers, [n_heads,] n_query,
+        n_key)``, ``deltas[name]`` ``(batch,)`` for the metrics with a completeness
+        identity, and the model's output.
+
+    Examples::
+
+        >>> found = attribute_metrics(model, batch, ["cw_inter", "attention"], query_positions=[-1])
+        >>> found.scores["cw_inter"].shape  # (batch, n_layers, n_query, n_key)
+    """
+    chosen = [get_metric(name) for name in (METRICS if metrics is None else metrics)]
+    if not chosen or len({metric.name for metric in chosen}) != len(chosen):
+        raise ValueError(f"metrics must name at least one metric, each once; got {list(metrics)!r}.")
+    attributor = MetricAttribution(model, chosen[0].name, layers, heads, chunk_size, verify)
+    model_inputs, positional = attributor._prepare(inputs, attention_mask, additional_forward_args, query_positions)
+    scores, expected, output = attributor._scan_metrics(model_inputs, positional, query_positions, per_head, chosen)
+    deltas = {name: MetricAttribution._delta(scores[name], totals) for name, totals in expected.items()}
+    return MetricScores(scores, deltas, output)

@@ -1,4 +1,4 @@
-"""Pure tensor functions: the five per-head metrics and the three-factor decomposition.
+"""Pure tensor functions: the geometry the per-head metrics are built from, and the three-factor decomposition.
 
 Notation (docs/DESIGN.md section 1), all float32 and for a chunk of query rows:
 ``alpha`` is ``(batch, head, row, key)``, ``values`` the value vectors ``v[h, j]``
@@ -15,10 +15,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-__all__ = ["HeadGeometry", "safe_divide", "METRICS", "IDENTITY_METRICS"]
+__all__ = ["HeadGeometry", "safe_divide"]
 
-METRICS = ("attention", "value_weighted", "output_normalized", "cw_intra", "cw_inter")
-IDENTITY_METRICS = ("attention", "cw_intra", "cw_inter")  # rows with a completeness identity (row_totals)
 
 
 def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
@@ -111,47 +109,23 @@ class HeadGeometry:
         summed over heads it is 1 wherever ``o[i] != 0``."""
         return (self._inter_direction * self.mixed_values).sum(-1)
 
-    def row_totals(self, name: str) -> Tensor | None:
-        r"""
-        What each head's row of metric ``name`` sums to over the keys by its completeness
-        identity, computed without the metric: ``(batch, head, row)``; None for metrics
-        without one (``value_weighted``, ``output_normalized``).
+    def value_weighted(self) -> Tensor:
+        r"""``alpha ||vt||`` per head: ``(batch, head, row, key)``."""
+        return self.alpha * self.value_norms
 
-        ``attention``: 1 for rows that read any key; ``cw_intra``: 1 where also
-        ``o_h[h, i] != 0``; ``cw_inter``: the head's share :attr:`inter_shares`. Rows
-        with nothing to sum are 0.
-        """
-        reads = self.alpha.sum(-1) > 0  # [batch, head, row]
-        if name == "attention":
-            return reads.to(self.alpha.dtype)
-        if name == "cw_intra":
-            return (reads & (self.head_output_norms.squeeze(-1) > 0)).to(self.alpha.dtype)
-        if name == "cw_inter":
-            return self.inter_shares
-        if name in METRICS:
-            return None
-        raise ValueError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
+    def output_normalized(self) -> Tensor:
+        r"""``alpha ||vt|| / ||o_h||`` per head (0 where ``o_h = 0``): ``(batch, head, row, key)``."""
+        return safe_divide(self.alpha * self.value_norms, self.head_output_norms)
 
-    def metric(self, name: str) -> Tensor:
-        r"""
-        One of :data:`METRICS` per head: ``(batch, head, row, key)``.
+    def cw_intra(self) -> Tensor:
+        r"""``alpha <o_h, vt> / ||o_h||^2`` per head (0 where ``o_h = 0``): ``(batch, head, row, key)``; the
+        output is divided by its squared norm before the product, as for :meth:`cw_inter`."""
+        direction = self._pull_back(safe_divide(self.head_outputs, self.head_output_norms.square()))
+        return (direction @ self.values.transpose(-1, -2)).mul_(self.alpha)  # in place: a new tensor
 
-        ``attention`` is ``alpha``; ``value_weighted`` is ``alpha ||vt||``;
-        ``output_normalized`` is ``alpha ||vt|| / ||o_h||``; ``cw_intra`` is
-        ``alpha <o_h, vt> / ||o_h||^2``; ``cw_inter`` is ``alpha <o, vt> / ||o||^2``.
-        """
-        if name == "attention":
-            return self.alpha
-        if name == "value_weighted":
-            return self.alpha * self.value_norms
-        if name == "output_normalized":
-            return safe_divide(self.alpha * self.value_norms, self.head_output_norms)
-        if name == "cw_intra":  # the output is divided by its squared norm before the product, as for cw_inter
-            direction = self._pull_back(safe_divide(self.head_outputs, self.head_output_norms.square()))
-            return (direction @ self.values.transpose(-1, -2)).mul_(self.alpha)  # in place: a new tensor
-        if name == "cw_inter":
-            return (self._inter_direction @ self.values.transpose(-1, -2)).mul_(self.alpha)
-        raise ValueError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
+    def cw_inter(self) -> Tensor:
+        r"""``alpha <o, vt> / ||o||^2`` per head (0 where ``o = 0``): ``(batch, head, row, key)``."""
+        return (self._inter_direction @ self.values.transpose(-1, -2)).mul_(self.alpha)
 
     def decomposition(self, variant: str) -> tuple[Tensor, Tensor, Tensor]:
         r"""

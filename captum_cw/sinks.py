@@ -132,7 +132,7 @@ def _measure_layer(geometry: HeadGeometry, threshold: float, method: str) -> dic
     is_sink[sinks] = True
 
     attention, relative_norm, cosine = (f[0] for f in geometry.decomposition("intra"))  # [head, query, key]
-    cw = geometry.metric("cw_intra")[0]
+    cw = geometry.cw_intra()[0]
     visible = alpha > 0  # keys a row actually reads
 
     def group_means(values: Tensor) -> Tensor:

@@ -9,22 +9,12 @@ import functools
 import pytest
 import torch
 
-from captum_cw import (
-    AttentionWeights,
-    ContributionWeights,
-    OutputNormalizedAttention,
-    ValueWeightedAttention,
-)
+from captum_cw import ContributionWeights
+from captum_cw.attribution import attributor_for
 from reference import reference_metrics
 from tiny_models import FAMILIES, example_inputs
 
-ATTRIBUTORS = {
-    "attention": lambda m, **kw: AttentionWeights(m, **kw),
-    "value_weighted": lambda m, **kw: ValueWeightedAttention(m, **kw),
-    "output_normalized": lambda m, **kw: OutputNormalizedAttention(m, **kw),
-    "cw_intra": lambda m, **kw: ContributionWeights(m, variant="intra", **kw),
-    "cw_inter": lambda m, **kw: ContributionWeights(m, variant="inter", **kw),
-}
+PAPER_METRICS = ("attention", "value_weighted", "output_normalized", "cw_intra", "cw_inter")  # the brute force's
 
 
 def assert_matches(actual, expected):
@@ -72,24 +62,24 @@ def test_registered_family_matches_brute_force(name):
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-@pytest.mark.parametrize("metric", sorted(ATTRIBUTORS))
+@pytest.mark.parametrize("metric", PAPER_METRICS)
 def test_per_head_scores_match_brute_force(family_case, implementation, metric):
     family, model, inputs, mask, reference = family_case
     if implementation not in family.implementations:
         pytest.skip(f"{family.name} does not support {implementation} in transformers")
     model.set_attn_implementation(implementation)
-    scores = ATTRIBUTORS[metric](model).attribute(inputs, attention_mask=mask, per_head=True)
+    scores = attributor_for(metric, model).attribute(inputs, attention_mask=mask, per_head=True)
     assert scores.shape == reference[metric].shape
     assert_matches(scores, reference[metric])
 
 
-@pytest.mark.parametrize("metric", sorted(ATTRIBUTORS))
+@pytest.mark.parametrize("metric", PAPER_METRICS)
 def test_selection_and_head_aggregation(family_case, metric):
     family, model, inputs, mask, reference = family_case
     model.set_attn_implementation(_fastest_implementation(family))
     n = reference[metric].shape[-1]
     rows = [n - 1, 0, 2]
-    attributor = ATTRIBUTORS[metric](model, layers=[1, 0], heads=[3, 1], chunk_size=2)
+    attributor = attributor_for(metric, model, layers=[1, 0], heads=[3, 1], chunk_size=2)
     scores = attributor.attribute(inputs, attention_mask=mask, query_positions=[-1, 0, 2])
     expected = reference[metric][:, [1, 0]][:, :, [3, 1]][:, :, :, rows]
     expected = expected.sum(2) if metric == "cw_inter" else expected.mean(2)

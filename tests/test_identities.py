@@ -40,11 +40,14 @@ def test_inter_rows_sum_to_one_over_heads_and_keys(llama):
 
 
 def test_delta_reports_a_broken_identity(llama, monkeypatch):
-    model, ids, mask = llama
-    from captum_cw import geometry
+    import dataclasses
 
-    original = geometry.HeadGeometry.metric
-    monkeypatch.setattr(geometry.HeadGeometry, "metric", lambda self, name: original(self, name) * 1.5)
+    from captum_cw.metrics import METRICS
+
+    model, ids, mask = llama
+    original = METRICS["cw_inter"]
+    broken = dataclasses.replace(original, per_head=lambda geometry: original.per_head(geometry) * 1.5)
+    monkeypatch.setitem(METRICS, "cw_inter", broken)
     _, delta = ContributionWeights(model).attribute(ids, attention_mask=mask, return_convergence_delta=True)
     torch.testing.assert_close(delta, torch.full_like(delta, 0.5), rtol=0, atol=1e-4)
 

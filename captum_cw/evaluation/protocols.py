@@ -21,11 +21,13 @@ from torch import Tensor, nn
 from captum_cw.architectures import find_attention_layers
 from captum_cw.attribution import _selection
 from captum_cw.evaluation.ranking import DEFAULT_BINS, MODES, removal_from_ranking
+from captum_cw.evaluation.records import bin_key
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
 from captum_cw.evaluation.sequences import Choice, EncodedExample, choice_logliks, compare, measure
 from captum_cw.geometry import HeadGeometry
 from captum_cw.interventions import mask_values
 from captum_cw.llm import aggregate_layers
+from captum_cw.metrics import get_metric
 from captum_cw.scan import ModelInputs, scan_geometry
 
 __all__ = ["LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "chosen_layers", "evaluate_example"]
@@ -110,7 +112,7 @@ def clean_scores(
 
     def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
         for metric in geometric:
-            values = geometry.metric(metric)[0]  # [head, row, key]
+            values = get_metric(metric).per_head(geometry)[0]  # [head, row, key]
             if not heads:
                 values = (values.sum(0) if metric in _SUMMED else values.mean(0))[None]
             if metric not in scores:
@@ -190,7 +192,7 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
 def _nest(variants, perturbed, clean, label) -> dict:
     results: dict = {}
     for (metric, mode, percent), measured in zip(variants, perturbed):
-        results.setdefault(metric, {}).setdefault(mode, {})[str(percent)] = compare(clean, measured, label)
+        results.setdefault(metric, {}).setdefault(mode, {})[bin_key(percent)] = compare(clean, measured, label)
     return results
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple, overload
 
 import torch
@@ -15,6 +14,7 @@ from captum_cw.architectures import AttentionLayer, find_attention_layers
 from captum_cw.geometry import HeadGeometry
 from captum_cw.metrics import METRICS, Metric, get_metric
 from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs, resolve_positions, scan_geometry
+from captum_cw.selection import select_indices
 
 __all__ = [
     "MetricAttribution",
@@ -44,35 +44,6 @@ def _count_heads(layer: AttentionLayer) -> int:
         if isinstance(value, int):
             return value
     return module.config.num_attention_heads
-
-
-def _index(value: Any, what: str) -> int:
-    r"""A Python int from an int, a NumPy integer or a one-element integer tensor; never from a bool or float."""
-    if isinstance(value, Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{what} indices must be integers, got {value!r} ({type(value).__name__}).")
-    return int(value)
-
-
-def _selection(selected: Any, size: int, what: str) -> list[int]:
-    r"""Indices in ``[0, size)`` from None (all), an index, or a sequence / array / tensor of indices;
-    negative indices count from the end, and nothing is wrapped modulo ``size``."""
-    if selected is None:
-        return list(range(size))
-    if isinstance(selected, Tensor) or hasattr(selected, "__array__"):  # tensors, NumPy arrays and scalars
-        array = torch.as_tensor(selected)
-        selected = array.item() if array.dim() == 0 else array.flatten().tolist()
-    indices = [_index(index, what) for index in ([selected] if not isinstance(selected, Iterable) else selected)]
-    if not indices:
-        raise ValueError(f"The {what} selection is empty; pass None for all {size} {what}s.")
-    for index in indices:
-        if not -size <= index < size:
-            raise ValueError(f"{what} {index} is out of range: the model has {size} {what}s (0..{size - 1}).")
-    resolved = [index % size for index in indices]
-    if len(set(resolved)) != len(resolved):
-        raise ValueError(f"The {what} selection {indices} names a {what} twice.")
-    return resolved
 
 
 class MetricScores(NamedTuple):
@@ -116,8 +87,8 @@ class MetricAttribution(Attribution):
         self.model = model
         self.attention_layers = find_attention_layers(model)
         self.n_heads = _count_heads(self.attention_layers[0])
-        self.layers = _selection(layers, len(self.attention_layers), "layer")
-        self.heads = _selection(heads, self.n_heads, "head")
+        self.layers = select_indices(layers, len(self.attention_layers), "layer")
+        self.heads = select_indices(heads, self.n_heads, "head")
         self.chunk_size = chunk_size
         self.verify = verify
 

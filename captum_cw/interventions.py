@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
-from captum_cw.attribution import _selection
 from captum_cw.capture import AttentionCall, capture_attention
+from captum_cw.selection import select_indices
 
 __all__ = ["mask_values", "knockout_tokens"]
 
@@ -48,7 +48,7 @@ def mask_values(
         ...     logits = model(ids).logits
     """
     layers = find_attention_layers(model)
-    indices = _selection(list(removals), len(layers), "layer")  # in range, each layer once (-1 and n - 1 alike)
+    indices = select_indices(list(removals), len(layers), "layer")  # in range, each layer once (-1 and n - 1 alike)
     by_module = {id(layers[index].attention): removal for index, removal in zip(indices, removals.values())}
 
     def on_call(call: AttentionCall) -> Tensor:

@@ -113,9 +113,10 @@ def raise_on_mismatch(checks: list[LayerCheck]) -> None:
                 f"Self-check failed at layer {check.layer}: the recomputed attention (alpha @ V) differs from the "
                 f"model's own attention output by {mixed_error:.3g} (relative; {check.dtype} allows {limit:.3g}), "
                 "so the scores would not describe this model. Likely causes: dropout (call model.eval()), a "
-                "position bias or other score term the recomputation lacks (e.g. T5's relative bias: that "
-                "family is not supported), cached keys (past_key_values), or another hook that replaced the "
-                "attention output. Pass verify=False only if you know why."
+                "position bias or other score term the recomputation lacks (e.g. T5's relative bias: run such a "
+                "family with attn_implementation='eager', whose own weights are then used), cached keys "
+                "(past_key_values), or another hook that replaced the attention output. Pass verify=False only if "
+                "you know why."
             )
         if not projection_error <= limit:
             raise ValueError(

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
-from captum_cw.attribution import _selection
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.geometry import HeadGeometry, safe_divide
 from captum_cw.scan import ModelInputs, scan_geometry
+from captum_cw.selection import select_indices
 
 __all__ = ["SinkAnalysis", "SinkNormEffect", "analyze_sinks", "optimal_sink_rate", "scale_sink_values",
            "sink_norm_effect"]
@@ -193,7 +193,7 @@ def scale_sink_values(
         heads (Sequence[int], optional): default all.
     """
     attention_layers = find_attention_layers(model)
-    chosen = _selection(layers, len(attention_layers), "layer")
+    chosen = select_indices(layers, len(attention_layers), "layer")
 
     def on_call(call: AttentionCall) -> Tensor:
         batch = call.query.shape[0]
@@ -258,7 +258,7 @@ def sink_norm_effect(
         heads (Sequence[int], optional): which heads to intervene on. Default: all.
     """
     attention_layers = find_attention_layers(model)
-    chosen = _selection(layers, len(attention_layers), "layer")
+    chosen = select_indices(layers, len(attention_layers), "layer")
     ids = input_ids.reshape(1, -1).to(next(model.parameters()).device)
     measured: dict[int, Tensor] = {}
     received: dict[int, Tensor] = {}

@@ -19,7 +19,6 @@ from captum.attr import LayerIntegratedGradients
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
-from captum_cw.attribution import _selection
 from captum_cw.evaluation.ranking import DEFAULT_BINS, MODES, removal_from_ranking
 from captum_cw.evaluation.records import bin_key
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
@@ -29,6 +28,7 @@ from captum_cw.interventions import mask_values
 from captum_cw.llm import aggregate_layers
 from captum_cw.metrics import get_metric
 from captum_cw.scan import ModelInputs, scan_geometry
+from captum_cw.selection import select_indices
 
 __all__ = ["LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "chosen_layers", "evaluate_example"]
 
@@ -81,7 +81,7 @@ def chosen_layers(config: ProtocolConfig, n_layers: int) -> list[int]:
     The layers the layer level intervenes on, in ``[0, n_layers)``: every layer by default; negative
     indices count from the end; an index out of range or named twice raises (nothing wraps around).
     """
-    return _selection(None if config.layers is None else list(config.layers), n_layers, "layer")
+    return select_indices(None if config.layers is None else list(config.layers), n_layers, "layer")
 
 
 def _generator(seed: int, key: str) -> torch.Generator:

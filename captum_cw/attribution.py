@@ -43,7 +43,7 @@ def _count_heads(layer: AttentionLayer) -> int:
         value = getattr(module, name, None)
         if isinstance(value, int):
             return value
-    return module.config.num_attention_heads
+    return int(getattr(module, "config").num_attention_heads)
 
 
 class MetricScores(NamedTuple):
@@ -200,13 +200,13 @@ class MetricAttribution(Attribution):
     def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
                   additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = ...,
                   query_positions: Sequence[int] | Tensor | None = ..., per_head: bool = ...,
-                  return_convergence_delta: Literal[False] = ...) -> Tensor: ...
+                  return_convergence_delta: Literal[False] = ...) -> Tensor | tuple[Tensor]: ...
 
     @overload
     def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
                   additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = ...,
                   query_positions: Sequence[int] | Tensor | None = ..., per_head: bool = ..., *,
-                  return_convergence_delta: Literal[True]) -> tuple[Tensor, Tensor]: ...
+                  return_convergence_delta: Literal[True]) -> tuple[Tensor | tuple[Tensor], Tensor]: ...
 
     @log_usage()
     def attribute(
@@ -217,7 +217,7 @@ class MetricAttribution(Attribution):
         query_positions: Sequence[int] | Tensor | None = None,
         per_head: bool = False,
         return_convergence_delta: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    ) -> Tensor | tuple[Tensor] | tuple[Tensor | tuple[Tensor], Tensor]:
         r"""
         Scores of every selected layer, head and query row over all keys.
 
@@ -277,12 +277,12 @@ class MetricAttribution(Attribution):
                 f"{type(self).__name__} has no completeness identity (its rows do not sum to 1), so it has no "
                 "convergence delta; call attribute() with return_convergence_delta=False."
             )
-        is_tuple, inputs = _untuple(inputs)
+        is_tuple, main = _untuple(inputs)
         scores, delta, _ = self.attribute_with_output(
-            inputs, attention_mask, additional_forward_args, query_positions, per_head
+            main, attention_mask, additional_forward_args, query_positions, per_head
         )
-        scores = (scores,) if is_tuple else scores
-        return (scores, delta) if return_convergence_delta else scores
+        returned = (scores,) if is_tuple else scores
+        return (returned, delta) if return_convergence_delta else returned
 
     def compute_convergence_delta(
         self,
@@ -307,19 +307,19 @@ class MetricAttribution(Attribution):
         """
         if not self.has_convergence_delta():
             raise ValueError(f"{type(self).__name__} has no completeness identity, so it has no convergence delta.")
-        _, attributions = _untuple(attributions)
-        _, inputs = _untuple(inputs)
-        if attributions.dim() not in (4, 5):
+        scores: Tensor = _untuple(attributions)[1]
+        main = _untuple(inputs)[1]
+        if scores.dim() not in (4, 5):
             raise ValueError(f"attributions must be (batch, n_layers, [n_heads,] n_query, n_key) as attribute() "
-                             f"returns them, got shape {tuple(attributions.shape)}.")
-        model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
+                             f"returns them, got shape {tuple(scores.shape)}.")
+        model_inputs, positional = self._prepare(main, attention_mask, additional_forward_args, query_positions)
         _, expected_by_metric, _ = self._scan_metrics(model_inputs, positional, query_positions,
-                                                      attributions.dim() == 5, [self.metric], scores=False)
+                                                      scores.dim() == 5, [self.metric], scores=False)
         expected = expected_by_metric[self.metric.name]
-        if expected.shape != attributions.shape[:-1]:
-            raise ValueError(f"attributions have shape {tuple(attributions.shape)} but these inputs and selections "
+        if expected.shape != scores.shape[:-1]:
+            raise ValueError(f"attributions have shape {tuple(scores.shape)} but these inputs and selections "
                              f"give rows {tuple(expected.shape)}; pass the arguments attribute() was called with.")
-        return self._delta(attributions.to(expected.device, torch.float32), expected)
+        return self._delta(scores.to(expected.device, torch.float32), expected)
 
     def attribute_with_output(
         self,
@@ -554,7 +554,7 @@ def attribute_metrics(
     """
     chosen = [get_metric(name) for name in (METRICS if metrics is None else metrics)]
     if not chosen or len({metric.name for metric in chosen}) != len(chosen):
-        raise ValueError(f"metrics must name at least one metric, each once; got {list(metrics)!r}.")
+        raise ValueError(f"metrics must name at least one metric, each once; got {[m.name for m in chosen]!r}.")
     attributor = MetricAttribution(model, chosen[0].name, layers, heads, chunk_size, verify)
     model_inputs, positional = attributor._prepare(inputs, attention_mask, additional_forward_args, query_positions)
     scores, expected, output = attributor._scan_metrics(model_inputs, positional, query_positions, per_head, chosen)

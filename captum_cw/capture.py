@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -134,8 +135,8 @@ def _eager_function(module: nn.Module) -> Callable:
 
 
 def _implementation(module: nn.Module, model: nn.Module) -> str:
-    config = getattr(module, "config", None) or model.config
-    name = config._attn_implementation or "eager"  # private: docs/DESIGN.md, "transformers internals"
+    config: Any = getattr(module, "config", None) or getattr(model, "config")
+    name: str = config._attn_implementation or "eager"  # private: docs/DESIGN.md, "transformers internals"
     if name == "flex_attention":
         raise ValueError(
             "captum_cw cannot read flex_attention's block masks, so it cannot recompute the attention weights; "
@@ -208,7 +209,7 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
 
 
 def _acquire(name: str) -> None:
-    mapping = AttentionInterface._global_mapping  # private: docs/DESIGN.md, "transformers internals"
+    mapping: dict[str, Any] = AttentionInterface._global_mapping  # private: docs/DESIGN.md, "transformers internals"
     if name not in _DISPATCHERS:
         original = mapping.get(name)
         _DISPATCHERS[name] = _Dispatcher(_dispatcher(name, original), original)

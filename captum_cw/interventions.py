@@ -51,7 +51,7 @@ def mask_values(
     indices = select_indices(list(removals), len(layers), "layer")  # in range, each layer once (-1 and n - 1 alike)
     by_module = {id(layers[index].attention): removal for index, removal in zip(indices, removals.values())}
 
-    def on_call(call: AttentionCall) -> Tensor:
+    def on_call(call: AttentionCall) -> Tensor | None:
         removal = by_module[id(call.module)].to(call.query.device)
         n_query, n_key = call.query.shape[2], call.key.shape[2]
         if removal.shape[-2:] != (n_query, n_key) or removal.shape[1] not in (1, call.n_heads):

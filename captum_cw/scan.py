@@ -131,7 +131,8 @@ def check_inputs(model: nn.Module, model_inputs: ModelInputs) -> None:
         raise ValueError(f"token ids must have shape (batch, n), got {tuple(main.shape)}.")
     if main.numel() == 0:
         raise ValueError(f"inputs have no tokens (shape {tuple(main.shape)}); pass at least one token per example.")
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    get_embeddings: Any = getattr(model, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
     vocabulary = getattr(embeddings, "num_embeddings", None)
     if vocabulary is not None:
         low, high = main.aminmax()

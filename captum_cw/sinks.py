@@ -260,7 +260,7 @@ def sink_norm_effect(
     attention_layers = find_attention_layers(model)
     chosen = select_indices(layers, len(attention_layers), "layer")
     ids = input_ids.reshape(1, -1).to(next(model.parameters()).device)
-    measured: dict[int, Tensor] = {}
+    measured: dict[int, HeadGeometry] = {}
     received: dict[int, Tensor] = {}
 
     def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
@@ -273,7 +273,7 @@ def sink_norm_effect(
         sink = int(torch.stack(list(received.values())).mean(0).argmax())
     with torch.no_grad(), scale_sink_values(model, sink, factor, chosen, heads):
         scaled = model(ids, use_cache=False)
-    nll = tuple(_nll(ids[0], logits) for logits in (output.logits[0], scaled.logits[0]))
+    nll = (_nll(ids[0], output.logits[0]), _nll(ids[0], scaled.logits[0]))
     norms, cosines = [], []
     for k in range(len(chosen)):
         before, after, cos_before, cos_after = _direct_effect(measured[k], sink, factor, heads)

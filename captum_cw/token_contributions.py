@@ -158,12 +158,12 @@ class TokenContributions(Attribution):
                 "and are the same for every class. Pass position= (the token whose output to explain, e.g. 0 for "
                 "[CLS]); for a class logit end to end, use captum.attr.IntegratedGradients."
             )
-        is_tuple, inputs = _untuple(inputs)
+        is_tuple, main = _untuple(inputs)
         position = self.position if position is None else position
-        model_inputs, _ = prepare_inputs(inputs, attention_mask, additional_forward_args, self.attributor._input_device)
+        model_inputs, _ = prepare_inputs(main, attention_mask, additional_forward_args, self.attributor._input_device)
         check_inputs(self.model, model_inputs)
         score = self._token_scores if model_inputs.is_text else self._pixel_scores
-        scores = score(inputs, model_inputs, additional_forward_args, position)
+        scores = score(main, model_inputs, additional_forward_args, position)
         return (scores,) if is_tuple else scores
 
     def _layer_scores(self, inputs, attention_mask, additional_forward_args, rows) -> Tensor:

@@ -398,7 +398,7 @@ class ContributionWeights(MetricAttribution):
     Examples::
 
         >>> cw = ContributionWeights(model, layers=[-1])
-        >>> scores = cw.attribute(tokenizer("Paris is", return_tensors="pt"), query_positions=[-1])
+        >>> scores = cw.attribute(tokenizer("Paris is in", return_tensors="pt"), query_positions=[-1])
         >>> scores.shape  # (batch, n_layers, n_query, n_key)
         torch.Size([1, 1, 1, 3])
     """
@@ -549,8 +549,12 @@ def attribute_metrics(
 
     Examples::
 
+        >>> batch = tokenizer(["Paris is in", "Rome is in"], return_tensors="pt")
         >>> found = attribute_metrics(model, batch, ["cw_inter", "attention"], query_positions=[-1])
         >>> found.scores["cw_inter"].shape  # (batch, n_layers, n_query, n_key)
+        torch.Size([2, 30, 1, 3])
+        >>> bool((found.deltas["cw_inter"] < 1e-4).all())  # rows sum to 1
+        True
     """
     chosen = [get_metric(name) for name in (METRICS if metrics is None else metrics)]
     if not chosen or len({metric.name for metric in chosen}) != len(chosen):

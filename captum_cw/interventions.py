@@ -42,6 +42,8 @@ def mask_values(
 
     Examples::
 
+        >>> ids = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+        >>> n = ids.shape[1]
         >>> removal = torch.zeros(1, 1, n, n, dtype=torch.bool)
         >>> removal[0, 0, -1, 0] = True  # the last row no longer reads token 0
         >>> with mask_values(model, {5: removal}):

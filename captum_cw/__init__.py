@@ -5,9 +5,13 @@ from captum_cw.attribution import (
     AttentionWeights,
     ContributionFactors,
     ContributionWeights,
+    MetricAttribution,
+    MetricScores,
     OutputNormalizedAttention,
     ValueWeightedAttention,
+    attribute_metrics,
 )
+from captum_cw.metrics import METRICS, Metric, register_metric
 from captum_cw.token_contributions import TokenContributions
 
 __version__ = "0.1.0"
@@ -17,10 +21,16 @@ __all__ = [
     "AttentionWeights",
     "ContributionFactors",
     "ContributionWeights",
+    "METRICS",
+    "Metric",
+    "MetricAttribution",
+    "MetricScores",
     "OutputNormalizedAttention",
     "TokenContributions",
     "ValueWeightedAttention",
+    "attribute_metrics",
     "find_attention_layers",
     "register_architecture",
+    "register_metric",
     "registered_architectures",
 ]

@@ -1,0 +1,130 @@
+"""The JSON formats of an evaluation run, typed: one record per example (``records*.jsonl``) and the summary.
+
+A record is what :func:`~captum_cw.evaluation.protocols.evaluate_example` returns and ``records.jsonl`` holds,
+one per line; :func:`parse_record` reads one back, from this version or an older one, with its bin keys
+normalised by :func:`bin_key` (older runs wrote ``"10"`` for the default bins and ``"10.0"`` for ``--bins 10``).
+The summary (``summary.json``) is built by :func:`~captum_cw.evaluation.report.summarize`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from typing_extensions import NotRequired
+
+__all__ = ["KINDS", "ChoiceCheck", "ChoiceClean", "Interval", "Kind", "Measures", "Record", "Skipped", "Summary",
+           "TextClean", "bin_key", "parse_record", "record_kind"]
+
+Kind = Literal["choice", "text"]
+KINDS: tuple[Kind, ...] = ("choice", "text")
+
+Measures = dict[str, float]  # choice: prob_drop, logprob_drop, accuracy; text: delta_nll, delta_ppl
+ByBin = dict[str, Measures]  # bin key (bin_key) -> measures
+
+
+class ChoiceClean(TypedDict):
+    logliks: list[float]  # [choice]: log-likelihood of each choice's continuation
+    prediction: int  # argmax of logliks
+
+
+class TextClean(TypedDict):
+    nll: float  # mean next-token NLL
+
+
+class IGCompleteness(TypedDict):
+    attribution_sum: float
+    output_change: float  # f(input) - f(baseline)
+
+
+class Record(TypedDict):
+    r"""One finished example."""
+
+    id: str
+    label: int | None
+    clean: ChoiceClean | TextClean
+    results: dict[str, dict[str, ByBin]]  # metric -> "comprehensiveness" | "sufficiency" -> bin key -> measures
+    soft: NotRequired[dict[str, dict[str, Measures]]]  # metric -> "comprehensiveness" | "sufficiency" -> measures
+    rankings: NotRequired[dict[str, Any]]  # metric -> ranked positions (see protocols.evaluate_example)
+    ig_completeness: NotRequired[IGCompleteness]
+
+
+class Skipped(TypedDict):
+    r"""An example too short to score."""
+
+    id: str
+    skipped: str  # why
+
+
+class Interval(TypedDict):
+    r"""A mean over examples with its 95% bootstrap interval."""
+
+    mean: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+
+class ChoiceCheck(TypedDict):
+    r"""Whether a multiple-choice model does better than chance (see report.choice_check)."""
+
+    accuracy: float
+    accuracy_low: float  # 95% Wilson interval
+    accuracy_high: float
+    chance: float  # mean over examples of 1 / number of choices
+    most_frequent_answer: int  # the model's most frequent prediction
+    most_frequent_share: float  # its share of the predictions
+    majority_label_share: float  # accuracy of always giving the most frequent correct answer
+    at_chance: bool
+
+
+class Summary(TypedDict):
+    r"""``summary.json``: means with 95% bootstrap intervals over the examples."""
+
+    n_examples: int
+    kind: Kind
+    primary: str  # the measure the tables show: prob_drop (choice) or delta_nll (text)
+    bins: dict[str, dict[str, dict[str, dict[str, Interval]]]]  # metric -> mode -> bin key -> measure -> interval
+    aopc: dict[str, dict[str, dict[str, Interval]]]  # metric -> mode -> measure -> interval
+    soft: NotRequired[dict[str, dict[str, dict[str, Interval]]]]  # metric -> mode -> measure -> interval
+    clean_accuracy: NotRequired[Interval]
+    clean_nll: NotRequired[Interval]
+    choice_check: NotRequired[ChoiceCheck]
+    correct: NotRequired[dict[str, Any]]  # choice: {"n_examples", "aopc", "soft"} over the examples answered right
+    rank_agreement: NotRequired[dict[str, Any]]  # see report.rank_agreement
+    paper_order: dict[str, Any]
+    ig_completeness: NotRequired[dict[str, float]]
+    warnings: list[str]
+    skipped: NotRequired[list[dict[str, str]]]
+    config: NotRequired[dict[str, Any]]
+
+
+def bin_key(percent: float | str) -> str:
+    r"""
+    The key of a bin in records and summaries: the shortest exact form of the percentage,
+    ``10``, ``10.0`` and ``"10.0"`` all give ``"10"``, ``12.5`` gives ``"12.5"``.
+    """
+    text = repr(float(percent))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def record_kind(record: Record) -> Kind:
+    r"""``"text"`` for a record scored by NLL, ``"choice"`` for one scored by its choices' log-likelihoods."""
+    return "text" if "nll" in record["clean"] else "choice"
+
+
+def parse_record(raw: dict[str, Any]) -> Record | Skipped:
+    r"""
+    A record as read from ``records.jsonl``, any version: bin keys normalised by :func:`bin_key`.
+
+    Raises:
+        ValueError: the line is not a record (no ``id``, or neither ``results`` nor ``skipped``).
+    """
+    if not isinstance(raw, dict) or "id" not in raw or not ("results" in raw or "skipped" in raw):
+        raise ValueError(f"not an evaluation record: {str(raw)[:80]}")
+    if "skipped" in raw:
+        return Skipped(id=raw["id"], skipped=raw["skipped"])
+    record = dict(raw)
+    record["results"] = {metric: {mode: {bin_key(b): measures for b, measures in by_bin.items()}
+                                  for mode, by_bin in modes.items()}
+                         for metric, modes in raw["results"].items()}
+    return record  # type: ignore[return-value]

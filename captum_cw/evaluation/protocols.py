@@ -4,7 +4,13 @@
 a metric and loses its top-k% keys (comprehensiveness) or all but them
 (sufficiency), by value masking. *Input level* (ERASER's): one score per input
 token for the model's prediction; the top-k% tokens are knocked out of the
-context at every layer (or deleted from the input).
+context at every layer (or deleted from the input). With ``soft``, each key (token)
+also keeps a share of its term set by its normalised score instead (Zhao & Aletras,
+2023; :func:`~captum_cw.evaluation.ranking.soft_removal`).
+
+Each metric is ranked once per sequence (every bin and mode reads that ranking), and variants
+whose removals come out identical (two bins that round to the same keys, two metrics that rank
+alike) share one forward pass.
 """
 
 from __future__ import annotations
@@ -19,22 +25,49 @@ from captum.attr import LayerIntegratedGradients
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
-from captum_cw.evaluation.ranking import DEFAULT_BINS, MODES, removal_from_ranking
-from captum_cw.evaluation.records import bin_key
+from captum_cw.attribution import attribute_metrics
+from captum_cw.evaluation.ranking import (
+    DEFAULT_BINS,
+    MODES,
+    key_ranks,
+    ranked_positions,
+    removal_from_ranks,
+    soft_removal,
+)
+from captum_cw.evaluation.records import Record, bin_key
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
 from captum_cw.evaluation.sequences import Choice, EncodedExample, choice_logliks, compare, measure
-from captum_cw.geometry import HeadGeometry
 from captum_cw.interventions import mask_values
+from captum_cw.layer_aggregation import LAYER_AGGREGATIONS
 from captum_cw.llm import aggregate_layers
-from captum_cw.metrics import get_metric
-from captum_cw.scan import ModelInputs, scan_geometry
+from captum_cw.metrics import METRICS
 from captum_cw.selection import select_indices
 
-__all__ = ["LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "chosen_layers", "evaluate_example"]
+__all__ = ["LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "chosen_layers", "evaluate_example",
+           "input_metrics", "layer_metrics"]
 
-LAYER_METRICS = ("attention", "value_weighted", "output_normalized", "cw_intra", "cw_inter", "random")
+LAYER_METRICS = (*METRICS, "random")  # the defaults: the registered metrics (captum_cw.metrics) and random
 INPUT_METRICS = ("ig", "cw_last", "cw_mean", "cw_rollout", "attention_mean", "attention_rollout", "random")
-_SUMMED = {"cw_inter"}  # heads aggregated by sum (rows still sum to 1); the others by mean
+
+
+def layer_metrics() -> tuple[str, ...]:
+    r"""The layer level's metrics: every metric registered now (:data:`captum_cw.metrics.METRICS`) and random."""
+    return (*METRICS, "random")
+
+
+def input_metrics() -> tuple[str, ...]:
+    r"""
+    The input level's metrics: ``ig``, ``random`` and ``{metric}_{aggregation}`` for every registered
+    metric (``cw`` stands for ``cw_inter``) and layer aggregation (last, mean, rollout).
+    """
+    families = ("cw", *METRICS)
+    return ("ig", "random", *(f"{family}_{how}" for family in families for how in LAYER_AGGREGATIONS))
+
+
+def _input_metric(name: str) -> tuple[str, str]:
+    r"""``"cw_rollout"`` -> ``("cw_inter", "rollout")``: the registered metric and its layer aggregation."""
+    family, aggregation = name.rsplit("_", 1)
+    return ("cw_inter" if family == "cw" else family), aggregation
 
 
 @dataclass(frozen=True)
@@ -52,9 +85,11 @@ class ProtocolConfig:
     ig_steps: int = 50
     seed: int = 0
     reuse_clean: bool = True  # layer level: variants skip the blocks below the first intervened layer
+    soft: bool = False  # also soft comprehensiveness and sufficiency (Zhao & Aletras, 2023)
+    save_rankings: bool = False  # keep each example's ranked positions per metric (for rank agreement)
 
     def validate(self) -> None:
-        allowed = LAYER_METRICS if self.protocol == "layer" else INPUT_METRICS
+        allowed = layer_metrics() if self.protocol == "layer" else input_metrics()
         if self.protocol not in ("layer", "input"):
             raise ValueError(f"protocol must be 'layer' or 'input', got {self.protocol!r}.")
         unknown = [m for m in self.metrics if m not in allowed]
@@ -97,31 +132,22 @@ def clean_scores(
     model: nn.Module, ids: Tensor, layer_indices: Sequence[int], metrics: Sequence[str], per_head: bool, keep: int
 ) -> tuple[dict[str, Tensor], Tensor]:
     r"""
-    Every metric of one sequence from a single forward pass, and that pass's logits.
+    Every registered metric of one sequence from a single forward pass
+    (:func:`~captum_cw.attribution.attribute_metrics`), and that pass's logits.
 
     Returns:
         ``{metric: (n_layers, n_heads or 1, n, n)}`` and logits ``(1, keep, vocab)``.
     """
-    attention_layers = find_attention_layers(model)
-    layers = [attention_layers[index] for index in layer_indices]
     device = next(model.parameters()).device
-    n = ids.shape[-1]
-    heads = per_head
-    scores: dict[str, Tensor] = {}
-    geometric = [m for m in metrics if m != "random"]
-
-    def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
-        for metric in geometric:
-            values = get_metric(metric).per_head(geometry)[0]  # [head, row, key]
-            if not heads:
-                values = (values.sum(0) if metric in _SUMMED else values.mean(0))[None]
-            if metric not in scores:
-                scores[metric] = torch.zeros(len(layers), values.shape[0], n, n, device=device)
-            scores[metric][k][:, rows.to(device)] = values.to(device, torch.float32)
-
-    inputs = ModelInputs(ids[None].to(device), {"use_cache": False, "logits_to_keep": keep}, None)
-    output = scan_geometry(model, layers, inputs, (), None, on_chunk)
-    return scores, output.logits
+    forward_args = {"use_cache": False, "logits_to_keep": keep}
+    registered = [m for m in metrics if m in METRICS]
+    if not registered:
+        with torch.no_grad():
+            return {}, _forward(model, ids[None].to(device), keep)
+    found = attribute_metrics(model, ids[None].to(device), registered, layers=list(layer_indices),
+                              additional_forward_args=forward_args, per_head=per_head)
+    scores = {m: (values[0] if per_head else values[0, :, None]) for m, values in found.scores.items()}
+    return scores, found.output.logits
 
 
 def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: list[dict[int, Tensor]],
@@ -137,7 +163,7 @@ def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: lis
     outputs = []
     for first in range(0, len(removals), config.batch_size):
         chunk = removals[first:first + config.batch_size]
-        stacked = {layer: torch.stack([removal[layer] for removal in chunk]) for layer in chunk[0]}
+        stacked = {layer: _stacked([removal[layer] for removal in chunk]) for layer in chunk[0]}
         with ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             stack.enter_context(mask_values(model, stacked, renormalize=config.renormalize))
@@ -147,20 +173,75 @@ def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: lis
     return torch.cat(outputs)
 
 
+def _stacked(masks: list[Tensor]) -> Tensor:
+    r"""Stacks removals of one layer; bool (all or nothing) ones become shares of 1 next to soft ones."""
+    if any(mask.is_floating_point() for mask in masks):
+        masks = [mask.float() for mask in masks]
+    return torch.stack(masks)
+
+
+def _digest(removal: dict[int, Tensor] | Tensor, seen: dict[int, bytes]) -> bytes:
+    r"""A hash of a removal's masks (``seen`` keeps those of tensors met before: a mask shared by layers)."""
+    masks = removal.items() if isinstance(removal, dict) else [(0, removal)]
+    digest = hashlib.sha1()
+    for layer, mask in masks:
+        if id(mask) not in seen:
+            content = mask.detach().cpu().contiguous()
+            seen[id(mask)] = hashlib.sha1(f"{content.dtype}{tuple(content.shape)}".encode()
+                                          + content.numpy().tobytes()).digest()
+        digest.update(f"{layer}:".encode() + seen[id(mask)])
+    return digest.digest()
+
+
+def _distinct(removals_per_sequence: list[list]) -> tuple[list[list], list[int]]:
+    r"""
+    The variants whose removals differ in some sequence, once each, and for every variant the index of
+    its distinct one: variants with identical removals in every sequence need one forward pass.
+    """
+    seen: dict[int, bytes] = {}
+    keys = [tuple(_digest(removals[v], seen) for removals in removals_per_sequence)
+            for v in range(len(removals_per_sequence[0]))]
+    distinct: dict[tuple, int] = {}  # removal -> its index among the distinct ones
+    kept, index = [], []  # the first variant of each distinct removal; each variant's distinct index
+    for variant, key in enumerate(keys):
+        if key not in distinct:
+            distinct[key] = len(kept)
+            kept.append(variant)
+        index.append(distinct[key])
+    return [[removals[v] for v in kept] for removals in removals_per_sequence], index
+
+
 def _measure_variants(model, encoded: EncodedExample, removals_per_sequence: list[list[dict[int, Tensor]]],
                       config: ProtocolConfig, clean_below: list[Tensor | None] | None = None) -> list[dict]:
+    r"""The example's measures under each variant (a removal per sequence); identical variants run once."""
     clean_below = clean_below or [None] * len(removals_per_sequence)
+    distinct, index = _distinct(removals_per_sequence)
     logits = [_batched_logits(model, encoded, s, removals, config, clean_below[s])
-              for s, removals in enumerate(removals_per_sequence)]
-    return measure(encoded, logits)
+              for s, removals in enumerate(distinct)]
+    measured = measure(encoded, logits)
+    return [measured[i] for i in index]
+
+
+def _variants(config: ProtocolConfig) -> list[tuple]:
+    r"""Every variant in record order: ``(metric, mode, bin)`` for ERASER's, then ``(metric, mode)`` soft ones."""
+    hard = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
+    return hard + ([(m, mode) for m in config.metrics for mode in MODES] if config.soft else [])
+
+
+def _removals(scores: Tensor, eligible: Tensor, config: ProtocolConfig) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    r"""One metric's removals for every bin and mode from a single ranking, its soft ones, and that ranking."""
+    ranks = key_ranks(scores, eligible, config.absolute)
+    hard = [removal_from_ranks(ranks, eligible, b, mode) for mode in MODES for b in config.bins]
+    soft = [soft_removal(scores, eligible, mode, config.absolute) for mode in MODES] if config.soft else []
+    return hard, soft, ranks
 
 
 def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict, dict]:
     layer_indices = chosen_layers(config, n_layers)
     per_head = config.granularity == "head"
-    variants = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
     start = min(layer_indices) if config.reuse_clean else 0
     removals_per_sequence, clean_logits, clean_below = [], [], []
+    rankings: dict[str, list] = {m: [] for m in config.metrics}
     for s, ids in enumerate(encoded.sequences):
         with ExitStack() as stack:
             stack.enter_context(torch.no_grad())
@@ -179,21 +260,37 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
         removable = ~encoded.special[s].to(device) if not config.remove_special else torch.ones(n, dtype=torch.bool,
                                                                                                   device=device)
         eligible = causal & removable[None, :]
-        removals = []
-        for metric, mode, percent in variants:
-            masks = removal_from_ranking(scores[metric], eligible, percent, mode, config.absolute)
-            removals.append({layer: masks[k] for k, layer in enumerate(layer_indices)})  # [head|1, n, n]
-        removals_per_sequence.append(removals)
+        hard, soft = [], []
+        for metric in config.metrics:
+            metric_hard, metric_soft, ranks = _removals(scores[metric], eligible, config)  # each [layer, head|1, n, n]
+            hard += metric_hard
+            soft += metric_soft
+            if config.save_rankings:  # the keys of the last row, per layer (and head)
+                last = ranked_positions(ranks[:, :, -1], eligible[-1])  # [layer][head][position]
+                rankings[metric].append(last if per_head else [heads[0] for heads in last])
+        removals_per_sequence.append([{layer: masks[k] for k, layer in enumerate(layer_indices)}
+                                      for masks in hard + soft])
     clean = measure(encoded, clean_logits)[0]
     perturbed = _measure_variants(model, encoded, removals_per_sequence, config, clean_below)
-    return clean, _nest(variants, perturbed, clean, encoded.example.label), {}
+    results, extras = _nest(_variants(config), perturbed, clean, encoded.example.label)
+    if config.save_rankings:
+        extras["rankings"] = rankings
+    return clean, results, extras
 
 
-def _nest(variants, perturbed, clean, label) -> dict:
+def _nest(variants: list[tuple], perturbed: list[dict], clean: dict, label: int | None) -> tuple[dict, dict]:
+    r"""Measures by metric, mode and bin key (ERASER's), and ``{"soft": by metric and mode}`` when run."""
     results: dict = {}
-    for (metric, mode, percent), measured in zip(variants, perturbed):
-        results.setdefault(metric, {}).setdefault(mode, {})[bin_key(percent)] = compare(clean, measured, label)
-    return results
+    soft: dict = {}
+    for variant, measured in zip(variants, perturbed, strict=True):
+        measures = compare(clean, measured, label)
+        if len(variant) == 3:
+            metric, mode, percent = variant
+            results.setdefault(metric, {}).setdefault(mode, {})[bin_key(percent)] = measures
+        else:
+            metric, mode = variant
+            soft.setdefault(metric, {})[mode] = measures
+    return results, ({"soft": soft} if soft else {})
 
 
 def _input_scores(model, encoded: EncodedExample, clean: dict, metrics: Sequence[str], config: ProtocolConfig,
@@ -208,15 +305,14 @@ def _input_scores(model, encoded: EncodedExample, clean: dict, metrics: Sequence
     rows = torch.arange(choice.start, choice.start + len(choice.tokens))
     rows = rows[rows < n]  # a collapsed (single-token) choice predicts from the last context row
     scores: dict[str, Tensor] = {}
-    wanted = {m.split("_")[0] for m in metrics if m.startswith(("cw_", "attention_"))}
-    if wanted:
-        matrices, _ = clean_scores(model, ids, range(n_layers), ["cw_inter" if w == "cw" else w for w in wanted],
-                                   False, 1)
-        for metric in metrics:
-            if metric.startswith(("cw_", "attention_")):
-                family, aggregation = metric.split("_")
-                token_level = matrices["cw_inter" if family == "cw" else family][:, 0]  # [layer, n, n]
-                scores[metric] = aggregate_layers(token_level, rows.to(token_level.device), aggregation).sum(0).cpu()
+    aggregated = [m for m in metrics if m not in ("ig", "random")]
+    if aggregated:
+        wanted = list(dict.fromkeys(_input_metric(m)[0] for m in aggregated))
+        matrices, _ = clean_scores(model, ids, range(n_layers), wanted, False, 1)
+        for metric in aggregated:
+            family, aggregation = _input_metric(metric)
+            token_level = matrices[family][:, 0]  # [layer, n, n]
+            scores[metric] = aggregate_layers(token_level, rows.to(token_level.device), aggregation).sum(0).cpu()
     if "random" in metrics:
         scores["random"] = torch.rand(n, generator=_generator(config.seed, encoded.example.id))
     diagnostics = {}
@@ -283,25 +379,35 @@ def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
     eligible[:shared] = True
     if not config.remove_special:
         eligible[:shared] &= ~encoded.special[encoded.choices[0].sequence][:shared]
-    variants = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
-    token_sets = [removal_from_ranking(scores[m][: len(eligible)], eligible, b, mode, config.absolute)
-                  for m, mode, b in variants]  # each [n] bool over the shared context
+    hard, soft, rankings = [], [], {}
+    for metric in config.metrics:
+        metric_hard, metric_soft, ranks = _removals(scores[metric][: len(eligible)], eligible, config)  # each [n]
+        hard += metric_hard
+        soft += metric_soft
+        rankings[metric] = ranked_positions(ranks, eligible)
+    token_sets = hard + soft  # bool (removed) or float (share removed) over the shared context
     if config.removal == "deletion":
-        perturbed = [_deleted(model, encoded, tokens) for tokens in token_sets]
+        distinct, index = _distinct([token_sets])
+        measured = [_deleted(model, encoded, tokens) if not tokens.is_floating_point()
+                    else _scaled_embeddings(model, encoded, tokens) for tokens in distinct[0]]
+        perturbed = [measured[i] for i in index]
     else:
         removals_per_sequence = []
         for ids in encoded.sequences:
             n = len(ids)
             own = ~torch.eye(n, dtype=torch.bool)
-            removals_per_sequence.append([
-                {layer: (_pad(tokens, n)[None, :] & own)[None] for layer in range(n_layers)} for tokens in token_sets
-            ])
+            masks = [(_pad(tokens, n)[None, :] * own if tokens.is_floating_point() else _pad(tokens, n)[None, :] & own)
+                     for tokens in token_sets]  # [n, n]: every row but the token's own
+            removals_per_sequence.append([{layer: mask[None] for layer in range(n_layers)} for mask in masks])
         perturbed = _measure_variants(model, encoded, removals_per_sequence, config)
-    return clean, _nest(variants, perturbed, clean, encoded.example.label), diagnostics
+    results, extras = _nest(_variants(config), perturbed, clean, encoded.example.label)
+    if config.save_rankings:
+        extras["rankings"] = rankings
+    return clean, results, {**diagnostics, **extras}
 
 
 def _pad(tokens: Tensor, n: int) -> Tensor:
-    out = torch.zeros(n, dtype=torch.bool)
+    out = torch.zeros(n, dtype=tokens.dtype)
     out[: len(tokens)] = tokens[:n]
     return out
 
@@ -317,6 +423,28 @@ def _deleted(model, encoded: EncodedExample, tokens: Tensor) -> dict:
     return measure_unperturbed(model, EncodedExample(encoded.example, sequences, choices, [s == -1 for s in sequences]))
 
 
+def _scaled_embeddings(model, encoded: EncodedExample, shares: Tensor) -> dict:
+    r"""
+    Measures the example with each shared-context token's input embedding scaled by ``1 - share`` in every
+    sequence: soft removal where hard removal deletes tokens (Zhao & Aletras's own perturbation, in expectation).
+    """
+    device = next(model.parameters()).device
+    logits = []
+    for s, ids in enumerate(encoded.sequences):
+        keep = (1 - _pad(shares, len(ids))).to(device)  # [n]
+
+        def scaled(module, args, output, keep=keep):
+            return output * keep[None, :, None].to(output.dtype)
+
+        handle = model.get_input_embeddings().register_forward_hook(scaled)
+        try:
+            with torch.no_grad():
+                logits.append(_forward(model, ids[None].to(device), encoded.rows_needed(s)))
+        finally:
+            handle.remove()
+    return measure(encoded, logits)[0]
+
+
 def measure_unperturbed(model: nn.Module, encoded: EncodedExample) -> dict:
     r"""The example's measures (``logliks`` and ``prediction``, or ``nll``) from one plain forward per sequence."""
     device = next(model.parameters()).device
@@ -326,13 +454,17 @@ def measure_unperturbed(model: nn.Module, encoded: EncodedExample) -> dict:
     return measure(encoded, logits)[0]
 
 
-def evaluate_example(model: nn.Module, encoded: EncodedExample, config: ProtocolConfig) -> dict:
+def evaluate_example(model: nn.Module, encoded: EncodedExample, config: ProtocolConfig) -> Record:
     r"""
     Runs one example through the protocol.
 
     Returns:
-        A JSON-ready record ``{"id", "label", "clean", "results": {metric: {mode: {bin: measures}}}}``,
-        with IG also ``"ig_completeness": {"attribution_sum", "output_change"}``.
+        A JSON-ready :class:`~captum_cw.evaluation.records.Record` ``{"id", "label", "clean",
+        "results": {metric: {mode: {bin key: measures}}}}``; with IG also ``"ig_completeness":
+        {"attribution_sum", "output_change"}``; with ``soft`` also ``"soft": {metric: {mode: measures}}``;
+        with ``save_rankings`` also ``"rankings": {metric: positions}``, the eligible positions most
+        important first: at the input level one list (the shared context), at the layer level the keys of
+        each sequence's last row, ``[sequence][layer]`` (``[sequence][layer][head]`` per head).
     """
     n_layers = len(find_attention_layers(model))
     run = _layer_level if config.protocol == "layer" else _input_level

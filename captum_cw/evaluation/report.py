@@ -5,19 +5,27 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
+from captum_cw.evaluation.agreement import rank_agreement
 from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve
+from captum_cw.evaluation.records import ChoiceCheck, Interval, Kind, Record, Skipped, Summary, record_kind
 
-__all__ = ["aopc_cells", "bootstrap_interval", "ig_completeness", "ig_completeness_line", "order_verdict",
-           "paper_order", "summarize", "write_report", "PAPER_ORDER"]
+__all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_reference", "aopc_cells",
+           "aopc_header",
+           "bootstrap_interval", "choice_check", "choice_line", "ig_completeness", "ig_completeness_line",
+           "order_verdict", "paper_order", "summarize", "summary_lines", "summary_warnings", "wilson_interval",
+           "write_report"]
 
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
-PRIMARY = {"choice": "prob_drop", "text": "delta_nll"}
+PRIMARY: dict[Kind, str] = {"choice": "prob_drop", "text": "delta_nll"}
+AT_CHANCE_SHARE = 0.9  # a model that gives one answer this often is at chance, whatever its accuracy
+MIN_EXAMPLES = 30  # fewer examples than this: the bootstrap intervals are unreliable
 
 
 def bootstrap_interval(values: list[float], seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
@@ -30,27 +38,41 @@ def bootstrap_interval(values: list[float], seed: int = 0, resamples: int = 2000
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def _row(values: list[float], seed: int) -> dict[str, float]:
+def _row(values: list[float], seed: int) -> Interval:
     low, high = bootstrap_interval(values, seed)
     return {"mean": float(np.mean(values)) if values else float("nan"), "ci_low": low, "ci_high": high,
             "n": len(values)}
 
 
-def summarize(records: list[dict], seed: int = 0) -> dict[str, Any]:
-    r"""
-    Per metric, mode and bin the mean of every measure with a 95% bootstrap
-    interval over examples; per metric and mode the AOPC (the mean over bins,
-    taken per example first).
-    """
-    if not records:
-        return {"n_examples": 0, "bins": {}, "aopc": {}}
-    kind = "text" if "nll" in records[0]["clean"] else "choice"
-    measures = list(next(iter(next(iter(records[0]["results"].values()))[MODES[0]].values())))
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    r"""95% Wilson score interval of a proportion ``successes / n`` (sound at 0, 1 and small ``n``)."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _bin_keys(records: list[Record]) -> list[str]:
+    r"""The bins every record holds, in increasing order; records of runs with other bins are refused."""
+    keys = {tuple(sorted(by_bin, key=float)) for r in records for modes in r["results"].values()
+            for by_bin in modes.values()}
+    if len(keys) != 1:
+        raise ValueError(f"the records hold different bins ({' / '.join(', '.join(k) for k in sorted(keys))}); "
+                         "they come from runs with other --bins and cannot be summarised together.")
+    return list(keys.pop())
+
+
+def _curves(records: list[Record], seed: int) -> tuple[dict, dict]:
+    r"""Per metric, mode and bin every measure's interval, and per metric and mode its AOPC."""
+    bin_keys = _bin_keys(records)
+    first = records[0]["results"]
+    measures = list(next(iter(first.values()))[MODES[0]][bin_keys[0]])
     bins: dict = {}
     aopc: dict = {}
-    for metric in records[0]["results"]:
+    for metric in first:
         for mode in MODES:
-            bin_keys = list(records[0]["results"][metric][mode])
             for measure in measures:
                 per_example = [[r["results"][metric][mode][b][measure] for b in bin_keys] for r in records]
                 for index, b in enumerate(bin_keys):
@@ -58,16 +80,98 @@ def summarize(records: list[dict], seed: int = 0) -> dict[str, Any]:
                         [values[index] for values in per_example], seed)
                 aopc.setdefault(metric, {}).setdefault(mode, {})[measure] = _row(
                     [area_over_curve(values) for values in per_example], seed)
-    summary: dict[str, Any] = {"n_examples": len(records), "kind": kind, "primary": PRIMARY[kind], "bins": bins,
-                               "aopc": aopc}
+    return bins, aopc
+
+
+def _soft(records: list[Record], seed: int) -> dict:
+    r"""Per metric and mode every measure's interval under soft removal (records without it: ``{}``)."""
+    kept = [r for r in records if "soft" in r]
+    if not kept:
+        return {}
+    return {metric: {mode: {measure: _row([r["soft"][metric][mode][measure] for r in kept], seed)
+                            for measure in measures}
+                     for mode, measures in modes.items()}
+            for metric, modes in kept[0]["soft"].items()}
+
+
+def choice_check(records: list[Record]) -> ChoiceCheck:
+    r"""
+    Whether the model does better than chance on multiple-choice records. ``at_chance`` (not shown to beat
+    chance) when the lower end of the accuracy's 95% Wilson interval is at or below chance (the mean over
+    examples of 1 / number of choices), or when one answer makes at least ``AT_CHANCE_SHARE`` (90%) of the
+    model's predictions.
+    """
+    n = len(records)
+    correct = sum(r["clean"]["prediction"] == r["label"] for r in records)
+    low, high = wilson_interval(correct, n)
+    chance = float(np.mean([1 / len(r["clean"]["logliks"]) for r in records]))
+    answer, count = Counter(r["clean"]["prediction"] for r in records).most_common(1)[0]
+    majority = Counter(r["label"] for r in records).most_common(1)[0][1]
+    return ChoiceCheck(accuracy=correct / n, accuracy_low=low, accuracy_high=high, chance=chance,
+                       most_frequent_answer=int(answer), most_frequent_share=count / n,
+                       majority_label_share=majority / n,
+                       at_chance=bool(low <= chance or count / n >= AT_CHANCE_SHARE))
+
+
+def summary_warnings(summary: Summary) -> list[str]:
+    r"""What makes a summary's numbers unreliable, one sentence each (empty when nothing does)."""
+    warnings = []
+    n = summary["n_examples"]
+    if n < MIN_EXAMPLES:
+        warnings.append(f"only {n} examples: below {MIN_EXAMPLES} the 95% intervals are unreliable.")
+    check = summary.get("choice_check")
+    if check is not None and check["at_chance"]:
+        if check["most_frequent_share"] >= AT_CHANCE_SHARE:
+            warnings.append(f"the model is at chance: it gives answer {check['most_frequent_answer']} to "
+                            f"{check['most_frequent_share']:.0%} of the examples.")
+        else:
+            warnings.append(f"the model is at chance: clean accuracy {check['accuracy']:.3f} (95% interval "
+                            f"[{check['accuracy_low']:.3f}, {check['accuracy_high']:.3f}]) is not above chance "
+                            f"({check['chance']:.3f}); see the AOPCs over the examples it answers correctly.")
+    correct = summary.get("correct")
+    if correct is not None and 0 < correct["n_examples"] < MIN_EXAMPLES <= n:
+        warnings.append(f"only {correct['n_examples']} examples answered correctly: below {MIN_EXAMPLES} the "
+                        "intervals of their AOPCs are unreliable.")
+    return warnings
+
+
+def summarize(records: list[Record], seed: int = 0) -> Summary:
+    r"""
+    Per metric, mode and bin the mean of every measure with a 95% bootstrap
+    interval over examples; per metric and mode the AOPC (the mean over bins,
+    taken per example first), and the soft modes' measures when the records hold them.
+
+    Multiple choice adds the clean accuracy against chance (:func:`choice_check`) and the same AOPCs
+    over the examples the model answers correctly (``"correct"``). Records with ``rankings`` add the
+    rank agreement of every pair of metrics. ``"warnings"`` says what makes the numbers unreliable.
+    """
+    if not records:
+        return {"n_examples": 0, "bins": {}, "aopc": {}, "warnings": []}  # type: ignore[typeddict-item]
+    kinds = {record_kind(r) for r in records}
+    if len(kinds) > 1:
+        raise ValueError("the records mix multiple-choice and text examples; summarise one task at a time.")
+    kind = kinds.pop()
+    bins, aopc = _curves(records, seed)
+    summary: Summary = {"n_examples": len(records), "kind": kind, "primary": PRIMARY[kind], "bins": bins,
+                        "aopc": aopc}  # type: ignore[typeddict-item]
+    if soft := _soft(records, seed):
+        summary["soft"] = soft
     if kind == "choice":
         summary["clean_accuracy"] = _row([float(r["clean"]["prediction"] == r["label"]) for r in records], seed)
+        summary["choice_check"] = choice_check(records)
+        correct = [r for r in records if r["clean"]["prediction"] == r["label"]]
+        summary["correct"] = {"n_examples": len(correct), "aopc": _curves(correct, seed)[1] if correct else {}}
+        if soft and correct:
+            summary["correct"]["soft"] = _soft(correct, seed)
     else:
         summary["clean_nll"] = _row([r["clean"]["nll"] for r in records], seed)
     summary["paper_order"] = paper_order(aopc, PRIMARY[kind])
     completeness = [r["ig_completeness"] for r in records if "ig_completeness" in r]
     if completeness:
         summary["ig_completeness"] = ig_completeness(completeness)
+    if agreement := rank_agreement(records, lambda values: _row(values, seed)):
+        summary["rank_agreement"] = agreement
+    summary["warnings"] = summary_warnings(summary)
     return summary
 
 
@@ -91,12 +195,101 @@ def ig_completeness_line(summary: dict[str, Any]) -> str:
             f"|f(x) - f(baseline)| of {check['median_abs_output_change']:.3g}.")
 
 
-def aopc_cells(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
-    r"""Per metric, its comprehensiveness and sufficiency AOPC of the primary measure as ``"mean [low, high]"``."""
+def _cell(row: Interval) -> str:
+    return f"{row['mean']:.4f} [{row['ci_low']:.4f}, {row['ci_high']:.4f}]"
+
+
+def aopc_header(summary: Summary) -> list[str]:
+    r"""The column names of :func:`aopc_cells` after the metric's: ERASER's AOPCs, then the soft modes if run."""
     measure = summary["primary"]
-    return [(metric, *(f"{modes[m][measure]['mean']:.4f} [{modes[m][measure]['ci_low']:.4f}, "
-                       f"{modes[m][measure]['ci_high']:.4f}]" for m in MODES))
-            for metric, modes in summary["aopc"].items()]
+    header = [f"comprehensiveness AOPC ({measure})", f"sufficiency AOPC ({measure})"]
+    if "soft" in summary:
+        header += [f"soft comprehensiveness ({measure})", f"soft sufficiency ({measure})"]
+    return header
+
+
+def aopc_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]:
+    r"""
+    Per metric, its comprehensiveness and sufficiency AOPC of the primary measure as ``"mean [low, high]"``,
+    followed by its soft comprehensiveness and sufficiency when the run has them.
+
+    Args:
+        summary (Summary): as :func:`summarize` returns it.
+        subset (str, optional): ``"all"`` examples, or ``"correct"``: those the model answers correctly
+                    (multiple choice). Default: ``"all"``
+    """
+    measure = summary["primary"]
+    part = summary if subset == "all" else summary.get("correct", {"aopc": {}})
+    soft = part.get("soft", {})
+    return [(metric, *(_cell(modes[m][measure]) for m in MODES),
+             *(_cell(soft[metric][m][measure]) for m in MODES if metric in soft))
+            for metric, modes in part["aopc"].items()]
+
+
+def agreement_cells(summary: Summary, reference: str) -> list[tuple[str, str, str]]:
+    r"""Per other metric, its Kendall tau and Spearman rho with ``reference`` (``"mean [low, high]"``)."""
+    agreement = summary.get("rank_agreement", {})
+    rows = []
+    for metric in summary["aopc"]:
+        cells = []
+        for statistic in ("kendall", "spearman"):
+            table = agreement.get(statistic, {})
+            row = table.get(reference, {}).get(metric) or table.get(metric, {}).get(reference)
+            cells.append(_cell(row) if row and row["n"] else "")
+        if metric != reference and any(cells):
+            rows.append((metric, *cells))
+    return rows
+
+
+def choice_line(summary: Summary) -> str:
+    r"""The clean accuracy against chance and the most frequent answer, in one sentence ("" for text)."""
+    check = summary.get("choice_check")
+    if check is None:
+        return ""
+    return (f"clean accuracy {check['accuracy']:.3f} (95% Wilson interval [{check['accuracy_low']:.3f}, "
+            f"{check['accuracy_high']:.3f}]) against chance {check['chance']:.3f}; the model's most frequent "
+            f"answer ({check['most_frequent_answer']}) makes {check['most_frequent_share']:.0%} of its predictions "
+            f"(most frequent correct answer: {check['majority_label_share']:.0%}); "
+            f"{summary.get('correct', {}).get('n_examples', 0)} answered correctly"
+            f"{': at chance' if check['at_chance'] else ''}.")
+
+
+def agreement_reference(summary: Summary) -> str | None:
+    r"""The metric rank agreement is reported against: IG if ranked, else CW (inter-head), else the first."""
+    agreement = summary.get("rank_agreement", {}).get("kendall")
+    if not agreement:
+        return None
+    ranked = list(agreement) + [b for pairs in agreement.values() for b in pairs]
+    return next((m for m in ("ig", "cw_inter") if m in ranked), ranked[0])
+
+
+def summary_lines(summary: Summary, task: str) -> list[str]:
+    r"""The summary as the command line prints it: warnings, clean accuracy against chance, AOPC tables
+    (all examples, then those answered correctly), rank agreement and IG's completeness."""
+    measure = summary["primary"]
+    header = ["metric", *aopc_header(summary)]
+    widths = [20] + [max(26, len(name)) for name in header[1:]]
+
+    def table(rows: list[tuple[str, ...]]) -> list[str]:
+        return ["  ".join(f"{cell:>{width}}" for cell, width in zip(row, widths)) for row in [tuple(header), *rows]]
+
+    lines = [f"{task}: {summary['n_examples']} examples; AOPC of {measure} (95% bootstrap interval)"]
+    lines += [f"warning: {warning}" for warning in summary.get("warnings", [])]
+    if check := choice_line(summary):
+        lines.append(check[0].upper() + check[1:])
+    lines += table(aopc_cells(summary))
+    correct = summary.get("correct")
+    if correct is not None and correct["n_examples"]:
+        k = correct["n_examples"]
+        lines += ["", f"The {k} example{'s' if k != 1 else ''} the model answers correctly:"]
+        lines += table(aopc_cells(summary, "correct"))
+    if reference := agreement_reference(summary):
+        lines += ["", f"Rank agreement with {reference} (mean over examples, 95% bootstrap interval):",
+                  f"{'metric':>20}  {'Kendall tau':>26}  {'Spearman rho':>26}"]
+        lines += [f"{metric:>20}  {tau:>26}  {rho:>26}" for metric, tau, rho in agreement_cells(summary, reference)]
+    if completeness := ig_completeness_line(summary):
+        lines.append(completeness)
+    return lines
 
 
 def paper_order(aopc: dict, measure: str) -> dict[str, Any]:
@@ -128,10 +321,14 @@ def order_verdict(order: dict[str, Any]) -> str:
     return "holds by the means (intervals overlap)"
 
 
-def write_report(records: list[dict], config, out: Path) -> dict[str, Any]:
+def write_report(records: list[Record | Skipped], config, out: Path) -> Summary:
     r"""
     Writes ``summary.json``, ``summary.csv`` and ``curves.png`` under ``out``; returns the summary.
     Records of skipped examples (``{"id", "skipped": reason}``) are listed under ``"skipped"``, not summarised.
+
+    ``summary.csv`` has a row per metric, mode, bin (``AOPC`` for the area, ``soft`` for a soft mode) and
+    measure; its last column says over which ``examples``: ``all``, or ``correct`` (multiple choice: those
+    the model answers correctly, AOPC and soft rows only).
     """
     skipped = [{"id": r["id"], "reason": r["skipped"]} for r in records if "skipped" in r]
     records = [r for r in records if "skipped" not in r]
@@ -141,16 +338,26 @@ def write_report(records: list[dict], config, out: Path) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     with open(out / "summary.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["task", "metric", "mode", "bin", "measure", "mean", "ci_low", "ci_high", "n"])
+        writer.writerow(["task", "metric", "mode", "bin", "measure", "mean", "ci_low", "ci_high", "n", "examples"])
+
+        def write(metric, mode, b, measure, row, examples):
+            writer.writerow([config.task, metric, mode, b, measure, row["mean"], row["ci_low"], row["ci_high"],
+                             row["n"], examples])
+
         for metric, modes in summary["aopc"].items():
             for mode, measures in modes.items():
                 for measure, row in measures.items():
-                    writer.writerow([config.task, metric, mode, "AOPC", measure, row["mean"], row["ci_low"],
-                                     row["ci_high"], row["n"]])
+                    write(metric, mode, "AOPC", measure, row, "all")
                     for b, by_measure in summary["bins"][metric][mode].items():
-                        cell = by_measure[measure]
-                        writer.writerow([config.task, metric, mode, b, measure, cell["mean"], cell["ci_low"],
-                                         cell["ci_high"], cell["n"]])
+                        write(metric, mode, b, measure, by_measure[measure], "all")
+        for examples, part in (("all", summary), ("correct", summary.get("correct", {}))):
+            for name, label in (("aopc", "AOPC"), ("soft", "soft")):
+                if examples == "all" and name == "aopc":
+                    continue  # written above, with the bins
+                for metric, modes in part.get(name, {}).items():
+                    for mode, measures in modes.items():
+                        for measure, row in measures.items():
+                            write(metric, mode, label, measure, row, examples)
     if records:
         plot_curves(summary, out / "curves.png", title=f"{config.model} on {config.task} ({len(records)} examples)")
     return summary

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from captum_cw.evaluation.records import Record, Skipped, parse_record
 from captum_cw.evaluation.tasks import Example
 
 __all__ = ["check_data", "check_model", "data_fingerprint", "locked", "model_fingerprint", "previous_examples",
@@ -28,9 +29,10 @@ __all__ = ["check_data", "check_model", "data_fingerprint", "locked", "model_fin
 _WEIGHT_SAMPLES = 64  # evenly spaced values hashed per parameter
 
 
-def read_records(out: Path, include_skipped: bool = False) -> list[dict]:
+def read_records(out: Path, include_skipped: bool = False) -> list[Record | Skipped]:
     r"""
     The finished examples under ``out`` (every shard), in example order; a torn last line is left out.
+    Records of any version are read, their bin keys normalised (:func:`~captum_cw.evaluation.records.parse_record`).
 
     Args:
         out (Path): the run's folder.
@@ -42,8 +44,8 @@ def read_records(out: Path, include_skipped: bool = False) -> list[dict]:
         with open(path) as handle:
             for line in handle:
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
+                    record = parse_record(json.loads(line))
+                except (json.JSONDecodeError, ValueError):
                     continue  # the example in flight when a run was killed
                 records[record["id"]] = record
     kept = [r for r in records.values() if include_skipped or "skipped" not in r]
@@ -52,10 +54,10 @@ def read_records(out: Path, include_skipped: bool = False) -> list[dict]:
 
 def _is_record(line: bytes) -> bool:
     try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        parse_record(json.loads(line))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
         return False
-    return isinstance(record, dict) and "id" in record and ("results" in record or "skipped" in record)
+    return True
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -146,15 +148,18 @@ def model_fingerprint(model: nn.Module) -> dict[str, str]:
             "weights_sha256": weights.hexdigest()}
 
 
-def previous_run(out: Path, config: dict, resume: bool) -> dict | None:
+def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = None) -> dict | None:
     r"""
     Checks that this run may write to ``out``: a folder with records must hold the same configuration
-    (``limit`` aside: a larger one extends the run) and be resumed.
+    (``limit`` aside: a larger one extends the run) and be resumed. A setting the stored configuration
+    lacks (one added since it was written) counts as its default, so that older runs still resume.
 
     Args:
         out (Path): the run's folder.
         config (dict): this run's configuration as JSON.
         resume (bool): whether the records there are to be continued.
+        defaults (dict, optional): the default configuration as JSON, for the settings an older
+                    ``config.json`` lacks. Default: None (every setting must be stored)
     Returns:
         The stored ``config.json`` when records are resumed (its fingerprints are to be checked), else None.
     """
@@ -164,14 +169,26 @@ def previous_run(out: Path, config: dict, resume: bool) -> dict | None:
     if not path.exists():
         raise ValueError(f"{out} holds records but no config.json to check them against; use another --out.")
     stored = json.loads(path.read_text())
-    keys = sorted((set(stored) | set(config)) - {"limit", "fingerprint"})
-    changed = [key for key in keys if stored.get(key) != config.get(key)]
+    filled = _filled(stored, defaults or {})
+    keys = sorted((set(filled) | set(config)) - {"limit", "fingerprint"})
+    changed = [key for key in keys if filled.get(key) != config.get(key)]
     if changed:
         raise ValueError(f"{out} holds a run with another configuration ({', '.join(changed)} differ, see {path}); "
                          "use another --out.")
     if not resume:
         raise ValueError(f"{out} already holds results: pass --resume to continue them, or use another --out.")
     return stored
+
+
+def _filled(stored: dict, defaults: dict) -> dict:
+    r"""``stored`` with the settings it lacks taken from ``defaults``, in nested settings too."""
+    filled = dict(stored)
+    for key, default in defaults.items():
+        if key not in filled:
+            filled[key] = default
+        elif isinstance(default, dict) and isinstance(filled[key], dict):
+            filled[key] = _filled(filled[key], default)
+    return filled
 
 
 def check_data(out: Path, previous: dict | None, examples: Sequence[Example]) -> None:

@@ -112,7 +112,8 @@ def evaluate(
         if state.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
             stack.enter_context(locked(out))
-            previous = previous_run(out, settings, resume)
+            defaults = json.loads(json.dumps(EvaluationConfig().to_json()))
+            previous = previous_run(out, settings, resume, defaults)
         stored = previous_examples(previous)  # a resumed run's data is checked as far as it went
         limit = config.limit if config.limit is None or stored is None else max(config.limit, stored)
         loaded = load_examples(config.task, limit, config.data_dir, config.source)

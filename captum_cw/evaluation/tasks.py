@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from captum_cw.evaluation.records import Kind
 from captum_cw.evaluation.schemas import check_row, read_jsonl
 
 __all__ = ["Example", "Task", "TASKS", "SOURCES", "load_examples"]
@@ -42,13 +43,18 @@ class Example:
 
 @dataclass(frozen=True)
 class Task:
+    r"""
+    A task: where its rows come from and how a row becomes an :class:`Example`. ``kind`` is the one
+    definition of how the task is scored: ``"choice"`` (every example has choices and a label) or
+    ``"text"`` (next-token NLL); :func:`load_examples` checks the examples against it.
+    """
+
     name: str
     hub: tuple[Any, ...]  # positional arguments of datasets.load_dataset
     split: str
     local_file: str  # file name under data_dir
     build: Callable[[int, dict], Example]
-    kind: str  # "choice" or "text"
-    extra: dict = field(default_factory=dict)
+    kind: Kind
 
 
 def _mmlu(index: int, row: dict) -> Example:
@@ -182,5 +188,9 @@ def load_examples(
     for index, row in enumerate(rows):
         if limit is not None and len(examples) >= limit:
             break
-        examples.append(spec.build(index, check_row(task, row, index)))
+        example = spec.build(index, check_row(task, row, index))
+        if example.is_choice != (spec.kind == "choice"):
+            raise ValueError(f"{task} is a {spec.kind} task, but its row {index} built a "
+                             f"{'choice' if example.is_choice else 'text'} example.")
+        examples.append(example)
     return examples

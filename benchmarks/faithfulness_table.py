@@ -11,6 +11,11 @@ Gradients takes part) on the three multiple-choice tasks. Each run's raw results
 (resumable: rerun the same command to continue, a larger limit extends a run). --report-only
 writes the tables from the examples finished so far without running anything. The text of
 docs/RESULTS.md from its "## What this shows" heading on is kept.
+
+Multiple-choice tables say the clean accuracy against chance, warn where the model is at chance or
+the examples are too few, and repeat the AOPCs over the examples the model answers correctly. Runs
+made with --soft add the soft modes' columns; runs made with --save-rankings add the rank agreement
+of every metric with IG (input level) or CW (layer level).
 """
 
 from __future__ import annotations
@@ -22,11 +27,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-from captum_cw.evaluation.report import aopc_cells, ig_completeness_line, order_verdict, plot_curves, summarize
+from captum_cw.evaluation.report import (
+    agreement_cells,
+    agreement_reference,
+    aopc_cells,
+    aopc_header,
+    choice_line,
+    ig_completeness_line,
+    order_verdict,
+    plot_curves,
+    summarize,
+)
 from captum_cw.evaluation.runner import read_records
+from captum_cw.evaluation.tasks import TASKS as TASK_SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = {"mmlu": "choice", "winogrande": "choice", "boolq": "choice", "gsm8k": "text", "fineweb_edu": "text"}
+TASKS = {name: task.kind for name, task in TASK_SPECS.items()}  # each task's kind, as captum_cw defines it
 TEXT_TASKS = [task for task, kind in TASKS.items() if kind == "text"]
 OBSERVATIONS = "## What this shows"
 MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma-3-270m": "Gemma-3-270M"}
@@ -38,6 +54,7 @@ def run(task: str, protocol: str, limit: int, args) -> None:
                "--protocol", protocol, "--limit", str(limit), "--data-dir", args.data_dir,
                "--max-tokens", str(args.max_tokens), "--batch-size", str(args.batch_size),
                "--ig-steps", str(args.ig_steps), "--out", str(out)]
+    command += ["--soft"] * args.soft + ["--save-rankings"] * args.save_rankings
     if (out / "config.json").exists():
         command.append("--resume")
     subprocess.run(command, check=True)
@@ -64,10 +81,20 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     measure = summary["primary"]
     clean = summary.get("clean_accuracy") or summary.get("clean_nll")
     lines = [f"### {task} ({summary['n_examples']} {'texts' if task in TEXT_TASKS else 'examples'}; clean "
-             f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", "",
-             f"| metric | comprehensiveness AOPC ({measure}) | sufficiency AOPC ({measure}) |", "|---|---|---|"]
-    lines += [f"| {metric} | {comprehensiveness} | {sufficiency} |"
-              for metric, comprehensiveness, sufficiency in aopc_cells(summary)]
+             f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", ""]
+    if check := choice_line(summary):
+        lines += [check[0].upper() + check[1:], ""]
+    if summary["warnings"]:
+        lines += [f"> **Warning:** {warning}" for warning in summary["warnings"]] + [""]
+    header = ["metric", *aopc_header(summary)]
+    lines += markdown_table(header, aopc_cells(summary))
+    correct = summary.get("correct", {}).get("n_examples", 0)
+    if correct:
+        lines += ["", f"Over the {correct} example{'s' if correct != 1 else ''} the model answers correctly:", ""]
+        lines += markdown_table(header, aopc_cells(summary, "correct"))
+    if reference := agreement_reference(summary):
+        lines += ["", f"Rank agreement with {reference} (mean over examples, 95% bootstrap interval):", ""]
+        lines += markdown_table(["metric", "Kendall tau", "Spearman rho"], agreement_cells(summary, reference))
     if protocol == "layer":
         order = summary["paper_order"]
         lines += ["", "Paper's order attention < value-weighted < output-normalised < CW (inter): "
@@ -80,6 +107,11 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
             lines += ["", completeness]
     link = Path(os.path.relpath(plot, Path(args.results).parent)).as_posix()
     return lines + ["", f"![{task}, {protocol} level]({link})", ""]
+
+
+def markdown_table(header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |"
+                                                                            for row in rows]
 
 
 def plot_folder(args) -> Path:
@@ -102,6 +134,9 @@ def write_results(args) -> str:
         f"Model: {args.model}, float32, CPU. AOPC over bins {{1, 5, 10, 20, 50}}% with 95% bootstrap intervals.",
         "Comprehensiveness: higher is more faithful; sufficiency: lower is more faithful. Measure: drop in the",
         "probability of the originally predicted answer (multiple choice) or increase in NLL (text).",
+        "Multiple choice: clean accuracy against chance with its 95% Wilson interval; a model is at chance when",
+        "that interval's lower end is at or below chance or one answer makes at least 90% of its predictions, and",
+        "the AOPCs are repeated over the examples it answers correctly. Fewer than 30 examples: a warning.",
         "",
         f"Reproduce: `python benchmarks/faithfulness_table.py {run_options(args)}--choice-limit "
         f"{args.choice_limit} --text-limit {args.text_limit} --input-limit {args.input_limit} "
@@ -147,6 +182,8 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--protocols", nargs="+", default=["layer", "input"], choices=["layer", "input"],
                         help="which protocols to run (the table shows every finished run)")
+    parser.add_argument("--soft", action="store_true", help="runs add soft comprehensiveness and sufficiency")
+    parser.add_argument("--save-rankings", action="store_true", help="runs keep rankings: rank agreement tables")
     parser.add_argument("--report-only", action="store_true", help="tabulate finished examples, run nothing")
     parser.add_argument("--out", default=str(ROOT / "out" / "faithfulness"))
     parser.add_argument("--results", default=str(ROOT / "docs" / "RESULTS.md"))

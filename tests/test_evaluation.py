@@ -60,6 +60,26 @@ def test_encoding_shares_single_token_choices(tiny):
     assert len(wino.sequences) == 2 and all(len(c.tokens) > 1 for c in wino.choices)
 
 
+class _CharacterTokenizer:
+    """One id per character, ``<bos>`` (id 1) in front unless ``add_special_tokens=False``."""
+
+    all_special_ids = [1]
+
+    def __call__(self, text, add_special_tokens=True, **_):
+        return {"input_ids": [1] * add_special_tokens + [ord(c) for c in text]}
+
+
+def test_contexts_cut_from_the_left_keep_the_bos_token():
+    example = Example("long", ("abcdefghij", "xy"), ("p", "q"), label=0)  # one-token answers
+    encoded = encode(example, _CharacterTokenizer(), max_tokens=5)
+    long_context, short_context = (ids.tolist() for ids in encoded.sequences)
+    assert long_context == [1, ord("g"), ord("h"), ord("i"), ord("j")]  # <bos> + the last 4 characters
+    assert short_context == [1, ord("x"), ord("y")]  # short enough: untouched
+    assert encoded.special[0].tolist() == [True, False, False, False, False]
+    assert [choice.start for choice in encoded.choices] == [4, 2]
+    assert encode(example, _CharacterTokenizer(), max_tokens=1).sequences[0].tolist() == [ord("j")]
+
+
 def test_compare_on_hand_made_numbers():
     clean = {"logliks": [math.log(0.6), math.log(0.2), math.log(0.2)], "prediction": 0}
     perturbed = {"logliks": [math.log(0.3), math.log(0.6), math.log(0.1)], "prediction": 1}

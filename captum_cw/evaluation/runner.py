@@ -120,8 +120,7 @@ def evaluate(
         check_data(out, previous, loaded)
         examples = loaded[: config.limit]
         if model is None:
-            from captum_cw.cli import DTYPES
-            from captum_cw.models import load_model
+            from captum_cw.models import DTYPES, load_model
 
             device = device or (None if device_map else str(state.device))
             model, tokenizer = load_model(config.model, device=device, dtype=DTYPES.get(config.dtype or ""),

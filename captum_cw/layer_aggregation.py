@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-__all__ = ["LAYER_AGGREGATIONS", "rollout"]
+__all__ = ["LAYER_AGGREGATIONS", "aggregate_layers", "in_forward_order", "rollout"]
 
 LAYER_AGGREGATIONS = ("last", "mean", "rollout")
 
@@ -26,14 +28,56 @@ def rollout(scores: Tensor) -> Tensor:
     than about the prompt. Prefer ``"mean"`` or ``"last"`` there.
 
     Args:
-        scores (Tensor): ``(batch, n_layers, n, n)`` token-level scores of every
+        scores (Tensor): ``(..., n_layers, n, n)`` token-level scores of every
                     query row, layers in forward order (first layer first).
     Returns:
-        Tensor ``(batch, n, n)``.
+        Tensor ``(..., n, n)``.
     """
     n = scores.shape[-1]
     identity = torch.eye(n, device=scores.device, dtype=scores.dtype)
-    result = identity.expand(scores.shape[0], n, n)
-    for layer in scores.unbind(1):  # [batch, n, n], first layer first
+    result = identity.expand(*scores.shape[:-3], n, n)
+    for layer in scores.unbind(-3):  # [..., n, n], first layer first
         result = ((layer + identity) / 2) @ result
     return result
+
+
+def aggregate_layers(scores: Tensor, rows: Tensor, aggregation: str) -> Tensor:
+    r"""
+    One score per key for each wanted query row, from per-layer token-level scores: the one place
+    where ``"last"``, ``"mean"`` and ``"rollout"`` are defined.
+
+    Args:
+        scores (Tensor): ``(..., n_layers, n_rows_in, n)`` token-level scores, first layer first
+                    (for ``"rollout"`` every query row, ``n_rows_in = n``; for ``"last"`` and ``"mean"``
+                    only the wanted rows need be set, or be there).
+        rows (Tensor): the wanted rows, indices into ``n_rows_in``: ``(n_rows,)`` for every leading
+                    index alike, or ``(..., n_rows)`` one set per leading index (e.g. per example).
+        aggregation (str): ``"last"`` (the last layer's row), ``"mean"`` (mean over
+                    layers) or ``"rollout"`` (:func:`rollout`).
+    Returns:
+        Tensor ``(..., n_rows, n)``.
+    """
+    if aggregation not in LAYER_AGGREGATIONS:
+        raise ValueError(f"layer aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, got {aggregation!r}.")
+    if aggregation == "rollout":
+        combined = rollout(scores)  # [..., n, n]: every row is composed through the layers
+    elif rows.dim() == 1:  # the same rows everywhere: picked first, so only those are averaged
+        picked = scores[..., rows, :]  # [..., layer, row, n]
+        return picked[..., -1, :, :] if aggregation == "last" else picked.mean(-3)
+    else:
+        combined = scores[..., -1, :, :] if aggregation == "last" else scores.mean(-3)  # [..., n_rows_in, n]
+    if rows.dim() == 1:
+        return combined[..., rows, :]
+    return combined.gather(-2, rows[..., None].expand(*rows.shape, combined.shape[-1]))
+
+
+def in_forward_order(scores: Tensor, layers: Sequence[int]) -> Tensor:
+    r"""
+    ``scores`` with its layer axis (dim 1) sorted by layer index, as :func:`aggregate_layers` wants them.
+
+    Args:
+        scores (Tensor): ``(batch, n_layers, ...)``, layer ``k`` of the axis being model layer ``layers[k]``.
+        layers (Sequence[int]): the model layer of each entry of the axis (non-negative indices).
+    """
+    order = sorted(range(len(layers)), key=layers.__getitem__)
+    return scores if order == list(range(len(order))) else scores[:, order]

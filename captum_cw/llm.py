@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from captum_cw.attribution import AttentionWeights, ContributionWeights
-from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, rollout
+from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
 
 try:  # captum's own decoding of ids into readable tokens ('Paris', not 'ĠParis')
     from captum.attr._core.llm_attr import _convert_ids_to_pretty_tokens
@@ -29,29 +29,6 @@ Target = str | Tensor | Sequence[int] | None
 
 DEFAULT_GEN_ARGS: dict[str, Any] = {"max_new_tokens": 25, "do_sample": False, "temperature": None, "top_p": None}
 """What ``target=None`` generates with when ``gen_args`` is empty: captum's LLMAttribution defaults (greedy)."""
-
-
-def aggregate_layers(scores: Tensor, rows: Tensor, aggregation: str) -> Tensor:
-    r"""
-    One score per key for each wanted query row, from per-layer token-level scores.
-
-    Args:
-        scores (Tensor): ``(n_layers, n, n)`` token-level scores of every query row,
-                    first layer first (for ``"last"`` and ``"mean"`` only the wanted
-                    rows need be set).
-        rows (Tensor): the wanted query rows ``(n_rows,)``.
-        aggregation (str): ``"last"`` (the last layer's row), ``"mean"`` (mean over
-                    layers) or ``"rollout"`` (:func:`captum_cw.layer_aggregation.rollout`).
-    Returns:
-        Tensor ``(n_rows, n)``.
-    """
-    if aggregation == "last":
-        return scores[-1, rows]
-    if aggregation == "mean":
-        return scores[:, rows].mean(0)
-    if aggregation == "rollout":
-        return rollout(scores[None])[0, rows]
-    raise ValueError(f"layer aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, got {aggregation!r}.")
 
 
 def _clean_token(text: str) -> str:
@@ -464,20 +441,16 @@ class LLMContributionAttribution:
         extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if self._takes_position_ids else None
         layers = self.attributor.layers
         if self.layer_aggregation == "rollout":  # every row of every layer, composed in forward order
-            scores, _, output = self.attributor.attribute_with_output(ids, mask, extra, None)
-            forward_order = sorted(range(len(layers)), key=layers.__getitem__)
-            token_scores = rollout(scores[:, forward_order])  # [batch, n, n]
-            picked = [token_scores[b, rows[b].to(token_scores.device)] for b in range(len(prompts))]
+            wanted = None
+            scores, _, output = self.attributor.attribute_with_output(ids, mask, extra, None)  # [b, layer, n, n]
         else:  # the union of the rows the batch needs, once each
             wanted = torch.cat(rows).unique()  # sorted
             scores, _, output = self.attributor.attribute_with_output(ids, mask, extra, wanted)  # [b, layer, row, n]
-            picked = []
-            for b in range(len(prompts)):
-                example = scores[b][:, torch.searchsorted(wanted, rows[b]).to(scores.device)]  # [layer, target, n]
-                if self.layer_aggregation == "last":
-                    picked.append(example[max(range(len(layers)), key=layers.__getitem__)])
-                else:
-                    picked.append(example.mean(0))
+        scores = in_forward_order(scores, layers)
+        picked = []  # per example [target, n]
+        for b in range(len(prompts)):
+            example_rows = rows[b] if wanted is None else torch.searchsorted(wanted, rows[b])
+            picked.append(aggregate_layers(scores[b], example_rows.to(scores.device), self.layer_aggregation))
         results = []
         for b, (prompt, target) in enumerate(zip(prompts, targets)):
             offset = n - lengths[b]

@@ -12,7 +12,7 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_cw.attribution import _untuple, attributor_for
-from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, rollout
+from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
 from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs
 
 __all__ = ["TokenContributions"]
@@ -169,21 +169,11 @@ class TokenContributions(Attribution):
     def _layer_scores(self, inputs, attention_mask, additional_forward_args, rows) -> Tensor:
         r"""Token-level scores of the selected layers in forward order: ``(batch, layers, n_rows, n)``."""
         scores, _, _ = self.attributor.attribute_with_output(inputs, attention_mask, additional_forward_args, rows)
-        if self.layer_aggregation == "rollout":
-            order = sorted(range(len(self.attributor.layers)), key=self.attributor.layers.__getitem__)
-            return scores[:, order]
-        return scores
+        return in_forward_order(scores, self.attributor.layers)
 
     def _aggregate(self, scores: Tensor, rows: Tensor) -> Tensor:
         r"""One score per key for row ``rows[b]`` of each example: ``(batch, n)``."""
-        batch_index = torch.arange(scores.shape[0], device=scores.device)
-        if self.layer_aggregation == "rollout":
-            return rollout(scores)[batch_index, rows]
-        picked = scores[batch_index, :, rows]  # [batch, layer, n]
-        if self.layer_aggregation == "last":
-            deepest = max(range(len(self.attributor.layers)), key=self.attributor.layers.__getitem__)
-            return picked[:, deepest]
-        return picked.mean(1)
+        return aggregate_layers(scores, rows[:, None], self.layer_aggregation)[:, 0]
 
     def _token_scores(self, inputs, model_inputs: ModelInputs, additional_forward_args, position: Position) -> Tensor:
         batch, n = model_inputs.main.shape

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from captum_cw.attribution import attribute_metrics, attributor_for
-from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, rollout
+from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import get_metric
 from captum_cw.plotting import display_token
 
@@ -253,13 +253,11 @@ def attribution_view(
     for metric, values in scores.items():  # values: [layer, head, row, key]
         reduce = torch.sum if get_metric(metric).head_reduction == "sum" else torch.mean
         layer_values = reduce(values, 1)  # [layer, row, key]: heads summed (inter-head CW) or averaged
+        # rollout: every row, the explained ones picked; otherwise only the explained rows are there
+        picked = torch.tensor(rows) if aggregation == "rollout" else torch.arange(len(rows))
+        combined = aggregate_layers(layer_values, picked.to(layer_values.device), aggregation)  # [row, key]
         if aggregation == "rollout":
-            combined = rollout(layer_values[None])[0][rows]
             values, layer_values = values[:, :, rows], layer_values[:, rows]
-        elif aggregation == "mean":
-            combined = layer_values.mean(0)
-        else:
-            combined = layer_values[-1]
         per_head[metric], per_layer[metric] = values[..., :n_keys], layer_values[..., :n_keys]
         aggregated[metric] = combined[..., :n_keys]  # [row, key]
     predicted, target_probs = [], None

@@ -9,7 +9,8 @@ from captum.attr import LLMAttributionResult, TextTemplateInput, TextTokenInput
 from captum.attr._core.llm_attr import _convert_ids_to_pretty_tokens
 
 from captum_cw import ContributionWeights
-from captum_cw.llm import DEFAULT_GEN_ARGS, LLMContributionAttribution, _word_groups, aggregate_layers
+from captum_cw.layer_aggregation import aggregate_layers, in_forward_order
+from captum_cw.llm import DEFAULT_GEN_ARGS, LLMContributionAttribution, _word_groups
 from reference import reference_metrics
 from tiny_models import FAMILIES
 
@@ -59,6 +60,24 @@ def test_rollout_on_hand_computed_matrices():
     torch.testing.assert_close(aggregate_layers(scores, torch.tensor([1]), "last"), torch.tensor([[-0.5, 1.5]]))
     with pytest.raises(ValueError, match="one of last, mean, rollout"):
         aggregate_layers(scores, torch.tensor([1]), "max")
+
+
+@pytest.mark.parametrize("aggregation", ["last", "mean", "rollout"])
+def test_aggregate_layers_takes_leading_axes_and_rows_per_example(aggregation):
+    torch.manual_seed(0)
+    scores = torch.randn(3, 4, 5, 5)  # [example, layer, query, key]
+    shared = torch.tensor([4, 1])
+    each = aggregate_layers(scores, shared, aggregation)  # [example, row, key]
+    for b in range(3):
+        torch.testing.assert_close(each[b], aggregate_layers(scores[b], shared, aggregation))
+    own = torch.tensor([[4], [0], [2]])  # one row per example
+    picked = aggregate_layers(scores, own, aggregation)
+    for b in range(3):
+        torch.testing.assert_close(picked[b], aggregate_layers(scores[b], own[b], aggregation))
+    layers = [7, 2, 5, 3]
+    ordered = in_forward_order(scores, layers)
+    assert [layers[k] for k in (1, 3, 2, 0)] == sorted(layers) and torch.equal(ordered, scores[:, [1, 3, 2, 0]])
+    assert in_forward_order(scores, [0, 1, 2, 3]) is scores
 
 
 @pytest.mark.parametrize("aggregation", ["last", "mean", "rollout"])

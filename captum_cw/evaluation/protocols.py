@@ -38,8 +38,7 @@ from captum_cw.evaluation.records import Record, bin_key
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
 from captum_cw.evaluation.sequences import Choice, EncodedExample, choice_logliks, compare, measure
 from captum_cw.interventions import mask_values
-from captum_cw.layer_aggregation import LAYER_AGGREGATIONS
-from captum_cw.llm import aggregate_layers
+from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import METRICS
 from captum_cw.selection import select_indices
 

@@ -15,9 +15,9 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from captum_cw.evaluation.report import bootstrap_interval
 from captum_cw.plotting import token_ticks
 from captum_cw.sinks import analyze_sinks, sink_norm_effect
+from captum_cw.statistics import bootstrap_interval
 
 __all__ = ["sink_study"]
 

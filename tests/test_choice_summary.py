@@ -7,14 +7,8 @@ import numpy as np
 import pytest
 
 from captum_cw.cli import main
-from captum_cw.evaluation.report import (
-    aopc_cells,
-    bootstrap_interval,
-    choice_check,
-    summarize,
-    summary_lines,
-    wilson_interval,
-)
+from captum_cw.evaluation.report import aopc_cells, choice_check, summarize, summary_lines
+from captum_cw.statistics import bootstrap_interval, wilson_interval
 from conftest import TEST_DATA
 
 

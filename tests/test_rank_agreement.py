@@ -7,11 +7,12 @@ from scipy import stats
 
 from captum_cw import ContributionWeights
 from captum_cw.evaluation import load_examples
-from captum_cw.evaluation.agreement import kendall_tau, leaves, rank_agreement, spearman_rho
+from captum_cw.evaluation.agreement import leaves, rank_agreement
 from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
 from captum_cw.evaluation.report import summarize
 from captum_cw.evaluation.sequences import encode
 from captum_cw.models import load_model
+from captum_cw.statistics import kendall_tau, spearman_rho
 from conftest import TEST_DATA
 
 DATA = str(TEST_DATA)

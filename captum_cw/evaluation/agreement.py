@@ -15,38 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from captum_cw.evaluation.records import Interval, Record
+from captum_cw.evaluation.records import Record
+from captum_cw.statistics import Interval, kendall_tau, spearman_rho
 
 __all__ = ["kendall_tau", "leaves", "rank_agreement", "spearman_rho"]
-
-
-def _ranks(rankings: np.ndarray) -> np.ndarray:
-    r"""``(batch, m)`` position lists -> each position's rank ``(batch, m)``, positions in sorted order."""
-    return np.argsort(rankings, axis=-1, kind="stable")  # [b, i]: the rank of the i-th smallest position
-
-
-def kendall_tau(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    r"""
-    Kendall's tau between pairs of rankings of the same positions: (concordant - discordant pairs) /
-    (m (m - 1) / 2).
-
-    Args:
-        first, second (ndarray): ``(batch, m)`` rankings (positions, most important first), m >= 2.
-    Returns:
-        ``(batch,)``.
-    """
-    a, b = _ranks(np.atleast_2d(first)), _ranks(np.atleast_2d(second))
-    m = a.shape[-1]
-    upper = np.triu(np.ones((m, m), dtype=bool), 1)
-    signs = np.sign(a[:, :, None] - a[:, None, :]) * np.sign(b[:, :, None] - b[:, None, :])  # [batch, m, m]
-    return signs[:, upper].sum(-1) / (m * (m - 1) / 2)
-
-
-def spearman_rho(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    r"""Spearman's rho between pairs of rankings ``(batch, m)``: ``1 - 6 sum d^2 / (m (m^2 - 1))``."""
-    a, b = _ranks(np.atleast_2d(first)), _ranks(np.atleast_2d(second))
-    m = a.shape[-1]
-    return 1 - 6 * ((a - b).astype(float) ** 2).sum(-1) / (m * (m * m - 1))
 
 
 def leaves(ranking: Any) -> list[list[int]]:
@@ -76,7 +48,7 @@ def rank_agreement(records: Sequence[Record], interval) -> dict[str, dict[str, d
 
     Args:
         records: the records (those without ``rankings`` are left out).
-        interval (Callable): values -> :class:`Interval` (the report's bootstrap).
+        interval (Callable): values -> :class:`~captum_cw.statistics.Interval` (the report's bootstrap).
     Returns:
         ``{"kendall": {a: {b: interval}}, "spearman": {...}}`` for each pair ``a`` before ``b`` in the
         records' metric order; ``n`` counts the examples with at least one ranking of two positions.

@@ -12,6 +12,8 @@ from typing import Any, Literal, TypedDict
 
 from typing_extensions import NotRequired
 
+from captum_cw.statistics import Interval
+
 __all__ = ["KINDS", "ChoiceCheck", "ChoiceClean", "Interval", "Kind", "Measures", "Record", "Skipped", "Summary",
            "TextClean", "bin_key", "parse_record", "record_kind"]
 
@@ -53,15 +55,6 @@ class Skipped(TypedDict):
 
     id: str
     skipped: str  # why
-
-
-class Interval(TypedDict):
-    r"""A mean over examples with its 95% bootstrap interval."""
-
-    mean: float
-    ci_low: float
-    ci_high: float
-    n: int
 
 
 class ChoiceCheck(TypedDict):

@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 
 from captum_cw.evaluation.agreement import rank_agreement
 from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve
-from captum_cw.evaluation.records import ChoiceCheck, Interval, Kind, Record, Skipped, Summary, record_kind
+from captum_cw.evaluation.records import ChoiceCheck, Kind, Record, Skipped, Summary, record_kind
+from captum_cw.statistics import Interval, bootstrap_interval, mean_interval, wilson_interval
 
 __all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_reference", "aopc_cells",
            "aopc_header",
@@ -26,32 +27,6 @@ PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
 PRIMARY: dict[Kind, str] = {"choice": "prob_drop", "text": "delta_nll"}
 AT_CHANCE_SHARE = 0.9  # a model that gives one answer this often is at chance, whatever its accuracy
 MIN_EXAMPLES = 30  # fewer examples than this: the bootstrap intervals are unreliable
-
-
-def bootstrap_interval(values: list[float], seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
-    r"""95% percentile bootstrap interval of the mean."""
-    data = np.asarray(values, dtype=float)
-    if len(data) == 0:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, len(data), size=(resamples, len(data)))].mean(1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
-def _row(values: list[float], seed: int) -> Interval:
-    low, high = bootstrap_interval(values, seed)
-    return {"mean": float(np.mean(values)) if values else float("nan"), "ci_low": low, "ci_high": high,
-            "n": len(values)}
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    r"""95% Wilson score interval of a proportion ``successes / n`` (sound at 0, 1 and small ``n``)."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _bin_keys(records: list[Record]) -> list[str]:
@@ -76,9 +51,9 @@ def _curves(records: list[Record], seed: int) -> tuple[dict, dict]:
             for measure in measures:
                 per_example = [[r["results"][metric][mode][b][measure] for b in bin_keys] for r in records]
                 for index, b in enumerate(bin_keys):
-                    bins.setdefault(metric, {}).setdefault(mode, {}).setdefault(b, {})[measure] = _row(
+                    bins.setdefault(metric, {}).setdefault(mode, {}).setdefault(b, {})[measure] = mean_interval(
                         [values[index] for values in per_example], seed)
-                aopc.setdefault(metric, {}).setdefault(mode, {})[measure] = _row(
+                aopc.setdefault(metric, {}).setdefault(mode, {})[measure] = mean_interval(
                     [area_over_curve(values) for values in per_example], seed)
     return bins, aopc
 
@@ -88,7 +63,7 @@ def _soft(records: list[Record], seed: int) -> dict:
     kept = [r for r in records if "soft" in r]
     if not kept:
         return {}
-    return {metric: {mode: {measure: _row([r["soft"][metric][mode][measure] for r in kept], seed)
+    return {metric: {mode: {measure: mean_interval([r["soft"][metric][mode][measure] for r in kept], seed)
                             for measure in measures}
                      for mode, measures in modes.items()}
             for metric, modes in kept[0]["soft"].items()}
@@ -157,19 +132,20 @@ def summarize(records: list[Record], seed: int = 0) -> Summary:
     if soft := _soft(records, seed):
         summary["soft"] = soft
     if kind == "choice":
-        summary["clean_accuracy"] = _row([float(r["clean"]["prediction"] == r["label"]) for r in records], seed)
+        summary["clean_accuracy"] = mean_interval([float(r["clean"]["prediction"] == r["label"]) for r in records],
+                                                  seed)
         summary["choice_check"] = choice_check(records)
         correct = [r for r in records if r["clean"]["prediction"] == r["label"]]
         summary["correct"] = {"n_examples": len(correct), "aopc": _curves(correct, seed)[1] if correct else {}}
         if soft and correct:
             summary["correct"]["soft"] = _soft(correct, seed)
     else:
-        summary["clean_nll"] = _row([r["clean"]["nll"] for r in records], seed)
+        summary["clean_nll"] = mean_interval([r["clean"]["nll"] for r in records], seed)
     summary["paper_order"] = paper_order(aopc, PRIMARY[kind])
     completeness = [r["ig_completeness"] for r in records if "ig_completeness" in r]
     if completeness:
         summary["ig_completeness"] = ig_completeness(completeness)
-    if agreement := rank_agreement(records, lambda values: _row(values, seed)):
+    if agreement := rank_agreement(records, lambda values: mean_interval(values, seed)):
         summary["rank_agreement"] = agreement
     summary["warnings"] = summary_warnings(summary)
     return summary

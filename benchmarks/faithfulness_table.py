@@ -39,7 +39,7 @@ from captum_cw.evaluation.report import (
     summarize,
 )
 from captum_cw.evaluation.runner import read_records
-from captum_cw.evaluation.tasks import TASKS as TASK_SPECS
+from captum_cw.tasks import TASKS as TASK_SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {name: task.kind for name, task in TASK_SPECS.items()}  # each task's kind, as captum_cw defines it

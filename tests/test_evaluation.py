@@ -17,9 +17,9 @@ from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
 from captum_cw.evaluation.ranking import removal_from_ranking
 from captum_cw.evaluation.report import PAPER_ORDER, ig_completeness, order_verdict, paper_order
 from captum_cw.evaluation.sequences import compare, encode
-from captum_cw.evaluation.tasks import Example
 from captum_cw.interventions import mask_values
 from captum_cw.models import load_model
+from captum_cw.tasks import Example
 from conftest import TEST_DATA
 
 DATA = str(TEST_DATA)

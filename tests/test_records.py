@@ -9,8 +9,8 @@ from captum_cw.evaluation.protocols import ProtocolConfig
 from captum_cw.evaluation.records import bin_key, parse_record, record_kind
 from captum_cw.evaluation.report import summarize
 from captum_cw.evaluation.runner import read_records
-from captum_cw.evaluation.tasks import TASKS
 from captum_cw.models import load_model
+from captum_cw.tasks import TASKS
 from conftest import TEST_DATA
 
 DATA = str(TEST_DATA)

@@ -5,8 +5,7 @@ import json
 import pytest
 
 from captum_cw.evaluation import load_examples
-from captum_cw.evaluation.schemas import check_row, read_jsonl
-from captum_cw.evaluation.tasks import TASKS
+from captum_cw.tasks import TASKS, check_row, read_jsonl
 
 GOOD = {
     "mmlu": {"question": "2 + 2?", "subject": "math", "choices": ["1", "2", "3", "4"], "answer": 3},

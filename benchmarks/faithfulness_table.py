@@ -35,10 +35,10 @@ from captum_cw.evaluation.report import (
     choice_line,
     ig_completeness_line,
     order_verdict,
-    plot_curves,
     summarize,
 )
 from captum_cw.evaluation.runner import read_records
+from captum_cw.plotting import plot_curves
 from captum_cw.tasks import TASKS as TASK_SPECS
 
 ROOT = Path(__file__).resolve().parents[1]

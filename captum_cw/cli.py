@@ -118,7 +118,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _sinks(args: argparse.Namespace) -> int:
     from captum_cw.evaluation import load_examples
-    from captum_cw.sinks_report import sink_study
+    from captum_cw.sinks.study import sink_study
 
     texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir, args.source)]
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))

@@ -11,7 +11,7 @@ from captum_cw.plotting import plot_layer_token_heatmaps
 
 
 def test_importing_the_plotting_modules_keeps_the_users_backend():
-    code = ("import matplotlib; import captum_cw.plotting, captum_cw.sinks_report, captum_cw.evaluation.report; "
+    code = ("import matplotlib; import captum_cw.plotting, captum_cw.sinks.study, captum_cw.evaluation.report; "
             "print(matplotlib.get_backend())")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                env={**os.environ, "MPLBACKEND": "pdf"})

@@ -7,10 +7,11 @@ import pytest
 
 from captum_cw.evaluation import EvaluationConfig, evaluate
 from captum_cw.evaluation.protocols import ProtocolConfig
-from captum_cw.evaluation.report import plot_curves, summarize
+from captum_cw.evaluation.report import summarize
 from captum_cw.evaluation.run_folder import read_records
 from captum_cw.models import load_model
-from captum_cw.sinks_report import sink_study
+from captum_cw.plotting import plot_curves
+from captum_cw.sinks.study import sink_study
 
 TEXTS = ["A text long enough to be scored by its next tokens.", "", "Hi", "Another text that can be scored."]
 

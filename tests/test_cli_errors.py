@@ -121,3 +121,20 @@ def test_attribute_reports_the_file_it_wrote(capsys, tiny_llm_dir, tmp_path):
     folder.mkdir()
     err = _fails(capsys, ["attribute", "x", "--model", str(tiny_llm_dir), "--out", str(folder)])
     assert err.startswith(f"captum-cw attribute: error: {folder} is a folder; give the heatmap a file name")
+
+
+
+def test_task_and_source_choices_come_from_the_task_registry(monkeypatch):
+    from captum_cw.cli import build_parser
+    from captum_cw.tasks import SOURCES, TASKS, Task
+
+    def choices(command: str, flag: str) -> list[str]:
+        commands = next(action for action in build_parser()._actions if action.dest == "command").choices
+        return list(commands[command]._option_string_actions[flag].choices)
+
+    for command in ("evaluate", "sinks"):
+        assert choices(command, "--task") == list(TASKS) and choices(command, "--source") == list(SOURCES)
+    # a task registered in captum_cw.tasks is offered without touching cli.py
+    monkeypatch.setitem(TASKS, "new_task", Task("new_task", ("hub/id",), "test", "new.jsonl", TASKS["gsm8k"].build,
+                                                "text"))
+    assert "new_task" in choices("sinks", "--task") and "new_task" in choices("evaluate", "--task")

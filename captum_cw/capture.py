@@ -2,15 +2,19 @@
 
 While :func:`capture_attention` is active, every call of a tracked attention
 module goes through a dispatcher registered under the model's own implementation
-name (``eager``, ``sdpa``, ``flash_attention_2``...). The dispatcher runs the
-original function unchanged (the model's outputs are untouched) and hands a
+name (``eager``, ``sdpa``, ``flash_attention_2``...). The dispatcher hands a
 :class:`AttentionCall` to the callback of the capture that watches the module in
 the calling thread, which can recompute ``alpha`` for just the query rows it
-needs, in float32 (docs/DESIGN.md, "Capture").
+needs, in float32 (docs/DESIGN.md, "Capture"). The original function runs
+unchanged the first time a callback reads its result (``call.output``,
+``call.weights``), or after the callbacks when none replaced the output: a
+callback that computes the whole output itself (an intervention on every row)
+saves the kernel's work.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -40,14 +44,26 @@ class AttentionCall:
     query: Tensor  # [batch, head, query, d_head]
     key: Tensor  # [batch, kv_head, key, d_head]
     value: Tensor  # [batch, kv_head, key, d_head]
-    output: Tensor  # [batch, query, head, d_head]: what the implementation returned
+    kernel: Callable[[], tuple]  # runs the implementation (once, cached): (output, weights or None, ...)
     mask: Tensor | None  # implementation-specific: 4D float/bool, 2D padding, or None
     implementation: str
     scaling: float
     softcap: float | None
     sliding_window: int | None
     is_causal: bool
-    weights: Tensor | None = None  # [batch, head, query, key]: the kernel's own weights if it returned them (eager)
+    replaced: Tensor | None = None  # an earlier capture's replacement of the output
+
+    @property
+    def output(self) -> Tensor:
+        r"""The attention output ``(batch, n_query, n_heads, d_head)``: an earlier capture's replacement,
+        else what the implementation returns (running it now if no capture has asked before)."""
+        return self.replaced if self.replaced is not None else self.kernel()[0]
+
+    @property
+    def weights(self) -> Tensor | None:
+        r"""The kernel's own weights ``(batch, n_heads, n_query, n_key)`` if it returns them (eager), else None."""
+        result = self.kernel()
+        return result[1] if len(result) > 1 and isinstance(result[1], Tensor) else None
 
     @property
     def n_heads(self) -> int:
@@ -93,12 +109,30 @@ class AttentionCall:
             allowed = allowed & mask.bool()[:, None, None, :]
         return allowed
 
+    def mix(self, weights: Tensor) -> Tensor:
+        r"""
+        ``weights @ values`` per query head, without copying the values of grouped-query heads.
+
+        Args:
+            weights (Tensor): ``(batch, n_heads, n_rows, n_key)`` in :attr:`compute_dtype`.
+        Returns:
+            Tensor ``(batch, n_heads, n_rows, d_head)``.
+        """
+        value = self.value.detach().to(self.compute_dtype)  # [batch, kv_head, key, d_head]
+        batch, n_heads, n_rows, n_key = weights.shape
+        grouped = weights.reshape(batch, value.shape[1], -1, n_key)  # [batch, kv_head, group * row, key]
+        return (grouped @ value).view(batch, n_heads, n_rows, value.shape[-1])
+
     def scores(self, rows: Tensor) -> Tensor:
         r"""Pre-softmax logits of the given rows: ``(batch, n_heads, n_rows, n_key)``, a new tensor."""
-        query = self.query.detach().index_select(2, rows).to(self.compute_dtype)  # [batch, head, row, d_head]
-        key = self.key.detach().to(self.compute_dtype)
-        key = key.repeat_interleave(self.n_heads // key.shape[1], dim=1)  # [batch, head, key, d_head]
-        scores = (query * self.scaling) @ key.transpose(-1, -2)  # [batch, head, row, key]; scaled on the smaller side
+        query = self.query.detach()
+        if not _every_row(rows, query.shape[2]):
+            query = query.index_select(2, rows)
+        key = self.key.detach().to(self.compute_dtype)  # [batch, kv_head, key, d_head]
+        batch, n_heads, n_rows, d_head = query.shape
+        # grouped-query heads share their key: [batch, kv_head, group * row, d_head], scaled on the smaller side
+        query = (query.to(self.compute_dtype) * self.scaling).reshape(batch, key.shape[1], -1, d_head)
+        scores = (query @ key.transpose(-1, -2)).view(batch, n_heads, n_rows, -1)  # [batch, head, row, key]
         if self.mask is not None and self.mask.dim() == 4 and self.mask.is_floating_point():
             bias = self.mask.index_select(2, rows).to(self.compute_dtype)
             scores.add_(torch.where(bias > torch.finfo(bias.dtype).min / 2, bias, 0.0))
@@ -122,6 +156,11 @@ class AttentionCall:
             return alpha
         has_key = allowed.any(-1, keepdim=True)  # [batch or 1, head or 1, row, 1]
         return torch.where(has_key, alpha, 0.0)
+
+
+def _every_row(rows: Tensor, n_query: int) -> bool:
+    r"""Whether ``rows`` lists the query positions ``0 .. n_query - 1`` in order (no gather needed)."""
+    return len(rows) == n_query and bool((rows == torch.arange(n_query, device=rows.device)).all())
 
 
 def _eager_function(module: nn.Module) -> Callable:
@@ -173,16 +212,17 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 def _dispatcher(name: str, original: Callable | None) -> Callable:
-    r"""The function installed under ``name``: runs ``original`` unchanged, then hands the call to the
-    captures of the calling thread that watch the module, outermost first; each may replace the output."""
+    r"""The function installed under ``name``: hands the call to the captures of the calling thread that
+    watch the module, outermost first (each may replace the output), and runs ``original`` unchanged when
+    one of them reads its result or none replaced the output."""
 
     def dispatch(module, query, key, value, attention_mask, **kwargs):
         function = original if original is not None else _eager_function(module)
-        output = function(module, query, key, value, attention_mask, **kwargs)
         owners = [capture for capture in _ACTIVE.get() if id(module) in capture.module_ids]
         if not owners:
-            return output
-        attention_output = output[0]  # [batch, query, head, d_head]
+            return function(module, query, key, value, attention_mask, **kwargs)
+        kernel = functools.cache(lambda: function(module, query, key, value, attention_mask, **kwargs))
+        attention_output = None  # [batch, query, head, d_head], once a capture replaced it
         scaling = kwargs.get("scaling")
         for capture in owners:
             replacement = capture.on_call(
@@ -191,19 +231,23 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
                     query=query,
                     key=key,
                     value=value,
-                    output=attention_output,
+                    kernel=kernel,
                     mask=attention_mask,
                     implementation=name,
                     scaling=query.shape[-1] ** -0.5 if scaling is None else scaling,
                     softcap=kwargs.get("softcap"),
                     sliding_window=kwargs.get("sliding_window"),
                     is_causal=bool(kwargs.get("is_causal", getattr(module, "is_causal", True))),
-                    weights=output[1] if len(output) > 1 and isinstance(output[1], Tensor) else None,
+                    replaced=attention_output,
                 )
             )
             if replacement is not None:
-                attention_output = replacement.to(output[0].dtype)
-        return (attention_output, *output[1:])
+                attention_output = replacement.to(query.dtype)
+        if attention_output is None:
+            return kernel()
+        if kernel.cache_info().currsize == 0 and name != "eager":  # its weights are None: the kernel can be skipped
+            return attention_output, None
+        return (attention_output, *kernel()[1:])  # eager's weights (output_attentions), as the model computed them
 
     return dispatch
 

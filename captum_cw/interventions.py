@@ -92,17 +92,21 @@ def _removed_shares(model: nn.Module, removals: Mapping[int, Tensor], renormaliz
                 f"{n_query}, {n_key})."
             )
         rows = (removal != 0).flatten(0, 1).any(0).any(-1).nonzero().flatten()  # rows that lose a key
-        output = call.output  # [batch, query, head, d_head]
         if len(rows) == 0:
             return None
         alpha = call.alpha(rows)  # [batch, head, row, key]
-        removed = alpha * removal.index_select(2, rows)  # broadcasts a head dimension of 1; a bool keeps alpha
-        mixed = output.index_select(1, rows).transpose(1, 2).to(alpha.dtype)  # [batch, head, row, d_head]
-        mixed = mixed - removed @ call.values()
+        if len(rows) == n_query:  # every row changes (the layer-level protocol): mix the kept terms, no kernel
+            kept = alpha * (1 - removal.to(alpha.dtype))  # a head dimension of 1 broadcasts
+            mixed = call.mix(kept)  # [batch, head, row, d_head]
+        else:  # the kernel's output, less the removed terms, on the rows that change
+            removed = alpha * removal.index_select(2, rows)
+            kept = alpha - removed
+            mixed = call.output.index_select(1, rows).transpose(1, 2).to(alpha.dtype) - call.mix(removed)
         if renormalize:
-            kept = (alpha - removed).sum(-1, keepdim=True)  # [batch, head, row, 1]
-            mixed = torch.where(kept > 0, mixed / torch.where(kept > 0, kept, 1.0), 0.0)
-        return output.index_copy(1, rows, mixed.transpose(1, 2).to(output.dtype))
+            total = kept.sum(-1, keepdim=True)  # [batch, head, row, 1]
+            mixed = torch.where(total > 0, mixed / torch.where(total > 0, total, 1.0), 0.0)
+        mixed = mixed.transpose(1, 2)  # [batch, row, head, d_head]
+        return mixed if len(rows) == n_query else call.output.index_copy(1, rows, mixed.to(call.output.dtype))
 
     with capture_attention(model, [layers[index].attention for index in indices], on_call):
         yield

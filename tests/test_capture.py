@@ -15,7 +15,7 @@ def _call(mask, implementation="eager", is_causal=True) -> AttentionCall:
     query = torch.randn(BATCH, HEADS, N, D, generator=generator)
     key = torch.randn(BATCH, KV_HEADS, N, D, generator=generator)
     value = torch.randn(BATCH, KV_HEADS, N, D, generator=generator)
-    return AttentionCall(None, query, key, value, torch.zeros(BATCH, N, HEADS, D), mask, implementation,
+    return AttentionCall(None, query, key, value, lambda: (torch.zeros(BATCH, N, HEADS, D),), mask, implementation,
                          D**-0.5, None, None, is_causal)
 
 

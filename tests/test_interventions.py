@@ -108,3 +108,31 @@ def test_bad_removal_masks():
     with pytest.raises(ValueError, match="removal mask has shape"):
         with torch.no_grad(), mask_values(model, {0: torch.zeros(2, 1, 8, 8, dtype=torch.bool)}):
             model(ids)
+
+
+def test_an_intervention_on_every_row_skips_the_kernel_and_matches_it(monkeypatch):
+    from transformers.modeling_utils import AttentionInterface
+
+    family = FAMILIES["llama"]
+    model = family.build()
+    model.set_attn_implementation("sdpa")
+    ids, _ = example_inputs(family)
+    n, n_layers = ids.shape[1], model.config.num_hidden_layers
+    kernel = AttentionInterface._global_mapping["sdpa"]
+    calls = []
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    every_row = torch.zeros(1, 1, n, n, dtype=torch.bool)
+    every_row[..., 0] = True  # no row reads token 0 (row 0 reads nothing)
+    last_row = every_row & (torch.arange(n) == n - 1)[:, None]
+    with torch.no_grad():
+        with mask_values(model, {0: every_row}):
+            skipped = model(ids).logits
+        assert len(calls) == n_layers - 1  # layer 0's output came from the kept terms alone
+        calls.clear()
+        with mask_values(model, {0: last_row}):
+            model(ids)
+        assert len(calls) == n_layers  # one row changes: the kernel's other rows are kept
+        model.set_attn_implementation("eager")  # the kernel's output, less the removed terms
+        with mask_values(model, {0: every_row & ~last_row}), mask_values(model, {0: last_row}):
+            corrected = model(ids).logits
+    torch.testing.assert_close(skipped, corrected, rtol=1e-5, atol=1e-5)

@@ -27,7 +27,7 @@ from inseq.attr.feat.internals_attribution import InternalsAttributionRegistry
 from inseq.data import MultiDimensionalFeatureAttributionStepOutput
 from inseq.utils.typing import InseqAttribution
 
-import captum_cw
+from captum_cw import attribution
 
 __all__ = ["ContributionWeightsAttribution"]
 
@@ -73,7 +73,7 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
     class ContributionWeights(InseqAttribution):
         r"""The inseq wrapper (``forward_func`` is inseq's model) of :class:`captum_cw.ContributionWeights`."""
 
-        def __init__(self, forward_func: Any, attributor: captum_cw.ContributionWeights) -> None:
+        def __init__(self, forward_func: Any, attributor: attribution.ContributionWeights) -> None:
             super().__init__(forward_func)
             self.attributor = attributor
 
@@ -134,8 +134,8 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
         self.use_predicted_target = False
         # One forward pass of the whole sequence gives the rows of every generation step
         self.is_final_step_method = True
-        attributor = captum_cw.ContributionWeights(attribution_model.model, layers=layers, heads=heads, variant=variant,
-                                                   chunk_size=chunk_size, verify=verify)
+        attributor = attribution.ContributionWeights(attribution_model.model, layers=layers, heads=heads,
+                                                     variant=variant, chunk_size=chunk_size, verify=verify)
         self.method = self.ContributionWeights(attribution_model, attributor)
 
     def prepare_and_attribute(self, sources: Any, targets: Any, *args: Any, batch_size: int | None = None,

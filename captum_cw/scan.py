@@ -153,9 +153,17 @@ def kernel_rows(call: AttentionCall, rows: Tensor) -> tuple[Tensor, Tensor] | No
     if weights is None or weights.dtype != call.compute_dtype or weights.shape[-2:] != (
             call.query.shape[2], call.key.shape[2]) or weights.shape[1] != call.n_heads:
         return None
-    alpha = weights.detach().index_select(2, rows)  # [batch, head, row, key]
-    mixed = call.output.detach().index_select(1, rows).transpose(1, 2)  # [batch, head, row, d_head]
+    alpha = _take_rows(weights.detach(), 2, rows)  # [batch, head, row, key]
+    mixed = _take_rows(call.output.detach(), 1, rows).transpose(1, 2)  # [batch, head, row, d_head]
     return alpha, mixed
+
+
+def _take_rows(tensor: Tensor, dim: int, rows: Tensor) -> Tensor:
+    r"""``tensor.index_select(dim, rows)``, as a view (no copy) when ``rows`` are consecutive and increasing."""
+    first = int(rows[0]) if len(rows) else 0
+    if bool((rows == torch.arange(first, first + len(rows), device=rows.device)).all()):
+        return tensor.narrow(dim, first, len(rows))
+    return tensor.index_select(dim, rows)
 
 
 def scan_geometry(
@@ -192,6 +200,10 @@ def scan_geometry(
         if padding is not None and padding.shape[1] == values.shape[2]:  # padded keys may hold NaN states
             values = torch.where(padding.to(device)[:, None, :, None], values, 0.0)
         projections = layers[k].head_projections(call.n_heads, call.compute_dtype).to(device)  # [head, d_head, d_model]
+        n_heads, d_head, d_model = projections.shape
+        # one (h d_head)^2 product per row instead of two (h d_head) x d_model ones: cheaper while h d_head < 2 d_model
+        gram = (lambda: layers[k].head_gram(n_heads, call.compute_dtype, device)) if n_heads * d_head < 2 * d_model \
+            else None
         for chunk, rows in enumerate(all_rows.split(chunk_size)):
             alpha, mixed = kernel_rows(call, rows) or (call.alpha(rows), None)  # [b, head, row, key], [.., d_head]
             if padding is not None and padding.shape[1] == alpha.shape[-1]:
@@ -201,7 +213,7 @@ def scan_geometry(
                 mixed = None if mixed is None else torch.where(real_rows, mixed, 0.0)
             if verify and chunk == 0:
                 checks.append(check_layer(layers[k], call, rows, alpha, values, projections, padding))
-            on_chunk(k, rows, HeadGeometry(alpha, values, projections, mixed))
+            on_chunk(k, rows, HeadGeometry(alpha, values, projections, mixed, gram))
 
     with torch.no_grad(), capture_attention(model, [layer.attention for layer in layers], on_call):
         output = model(model_inputs.main, *positional_args, **model_inputs.keyword)

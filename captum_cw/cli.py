@@ -105,15 +105,16 @@ def _evaluate(args: argparse.Namespace) -> int:
     config = EvaluationConfig(model=args.model, task=args.task, limit=args.limit, data_dir=args.data_dir,
                               source=args.source, max_tokens=args.max_tokens, dtype=args.dtype, protocol=protocol)
     summary = evaluate(config, args.out, resume=args.resume, device=args.device, device_map=args.device_map)
+    if summary is None:  # a process other than the main one (accelerate launch): the main one reports
+        return 0
     skipped = summary.get("skipped", [])
     if skipped:
         ids = ", ".join(entry["id"] for entry in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
         print(f"{len(skipped)} examples skipped, too short to score ({ids}): see 'skipped' in {args.out}/summary.json")
-    if summary and not summary["n_examples"]:
+    if not summary["n_examples"]:
         raise ValueError(f"none of the {len(skipped)} examples could be scored; give longer texts or more examples.")
-    if summary:
-        print("\n".join(summary_lines(summary, args.task)))
-        print(f"written to {args.out}")
+    print("\n".join(summary_lines(summary, args.task)))
+    print(f"written to {args.out}")
     return 0
 
 
@@ -133,7 +134,7 @@ def _sinks(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="captum-cw", description="Contribution weights for transformers.")
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     attribute = commands.add_parser("attribute", parents=[common],

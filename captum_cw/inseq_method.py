@@ -102,7 +102,8 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
                 (key first, as inseq's attention method), float32 on the CPU.
             """
             input_ids, attention_mask = additional_forward_args[0], additional_forward_args[3]
-            scores = self.attributor.attribute(input_ids, attention_mask=attention_mask, per_head=per_head)
+            attributed = self.attributor.attribute(input_ids, attention_mask=attention_mask, per_head=per_head)
+            scores = attributed[0] if isinstance(attributed, tuple) else attributed  # ids as a tensor: a tensor
             if per_head:  # [batch, layer, head, query, key] -> [batch, key, query, layer, head]
                 scores = scores.permute(0, 4, 3, 1, 2)
             else:  # [batch, layer, query, key] -> [batch, key, query, layer]

@@ -7,7 +7,7 @@ import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import torch
 from captum.attr import LLMAttributionResult, TextTemplateInput, TextTokenInput
@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from captum_cw.attribution import AttentionWeights, ContributionWeights
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
+from captum_cw.models import readable_tokens
 
 try:  # captum's own decoding of ids into readable tokens ('Paris', not 'ĠParis')
     from captum.attr._core.llm_attr import _convert_ids_to_pretty_tokens
@@ -24,8 +25,8 @@ except ImportError:  # pragma: no cover - captum versions without it
 
 __all__ = ["DEFAULT_GEN_ARGS", "LAYER_AGGREGATIONS", "LLMContributionAttribution", "aggregate_layers"]
 
-Prompt = str | TextTokenInput | TextTemplateInput
-Target = str | Tensor | Sequence[int] | None
+Prompt: TypeAlias = str | TextTokenInput | TextTemplateInput
+Target: TypeAlias = str | Tensor | Sequence[int] | None
 
 DEFAULT_GEN_ARGS: dict[str, Any] = {"max_new_tokens": 25, "do_sample": False, "temperature": None, "top_p": None}
 """What ``target=None`` generates with when ``gen_args`` is empty: captum's LLMAttribution defaults (greedy)."""
@@ -38,7 +39,7 @@ def _clean_token(text: str) -> str:
 def _pretty_tokens(ids: Sequence[int], tokenizer: PreTrainedTokenizerBase) -> list[str]:
     r"""Tokens as captum's LLMAttribution shows its output tokens: the text each id stands for."""
     if _convert_ids_to_pretty_tokens is None:  # pragma: no cover
-        return [_clean_token(tokenizer.decode([i])) for i in ids]
+        return [_clean_token(token) for token in readable_tokens(tokenizer, ids)]
     with warnings.catch_warnings(record=True) as caught:  # captum warns once per token it cannot re-encode
         warnings.simplefilter("always")
         tokens = _convert_ids_to_pretty_tokens(torch.as_tensor(list(ids), dtype=torch.long), tokenizer)
@@ -285,8 +286,8 @@ class LLMContributionAttribution:
         if not prompts:
             raise ValueError("inp must be a string, a TextTokenInput, a TextTemplateInput or a non-empty list of them, "
                              f"got {inp!r}.")
-        if single or target is None:
-            targets = [target] * len(prompts) if target is None else [target]
+        if single or target is None:  # one prompt's target, or none for every prompt (checked by _target_ids)
+            targets = [cast(Target, target)] * (len(prompts) if target is None else 1)
         elif isinstance(target, (list, tuple)) and len(target) == len(prompts):
             targets = list(target)
         else:
@@ -321,7 +322,8 @@ class LLMContributionAttribution:
             if isinstance(token, str):
                 index = self.tokenizer.convert_tokens_to_ids(token)
                 unknown = getattr(self.tokenizer, "unk_token", None)
-                if index is None or (index == getattr(self.tokenizer, "unk_token_id", None) and token != unknown):
+                if not isinstance(index, int) or (index == getattr(self.tokenizer, "unk_token_id", None)
+                                                  and token != unknown):
                     raise ValueError(f"skip_tokens: {token!r} is not a token of this tokenizer; pass ids, or tokens "
                                      "as tokenizer.convert_ids_to_tokens spells them (e.g. 'ĠParis' for ' Paris').")
                 ids.add(int(index))
@@ -358,7 +360,8 @@ class LLMContributionAttribution:
         else:
             groups = [[p] for p in positions]
             if isinstance(inp, TextTokenInput):  # captum's values: convert_ids_to_tokens of the kept ids
-                labels = inp.values if not skip_ids else self.tokenizer.convert_ids_to_tokens(ids[keep].tolist())
+                kept = self.tokenizer.convert_ids_to_tokens(ids[keep].tolist()) if skip_ids else inp.values
+                labels = [kept] if isinstance(kept, str) else list(kept)
             else:
                 pretty = _pretty_tokens(ids.tolist(), self.tokenizer)
                 labels = [pretty[p] for p in positions]

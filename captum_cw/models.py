@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,8 @@ import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-__all__ = ["DTYPES", "OFFLINE_MODELS", "OfflineModel", "cache_folder", "load_model", "offline_model_path"]
+__all__ = ["DTYPES", "OFFLINE_MODELS", "OfflineModel", "cache_folder", "load_model", "offline_model_path",
+           "readable_tokens"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 """The dtypes a model can be loaded in by name (``--dtype`` on the command line)."""
@@ -69,12 +70,20 @@ def offline_model_path(name: str) -> Path:
     return _package_folder(name, entry.package) / entry.subfolder
 
 
+def _gguf_file(name: str) -> str:
+    r"""The name of the GGUF file of the offline model ``name``."""
+    gguf_file = OFFLINE_MODELS[name].gguf_file
+    if gguf_file is None:
+        raise ValueError(f"{name} ships as a transformers folder, not as a GGUF file.")
+    return gguf_file
+
+
 def _gguf_pieces(name: str) -> list[Path]:
     r"""The GGUF file of ``name``, or its pieces in order."""
     entry = OFFLINE_MODELS[name]
     folder = offline_model_path(name)
     if not entry.parts:
-        return [folder / entry.gguf_file]
+        return [folder / _gguf_file(name)]
     pieces = []
     for part in entry.parts:
         found = sorted((_package_folder(name, part) / "data").glob(f"{entry.gguf_file}.part*"))
@@ -101,7 +110,7 @@ def _gguf_folder(name: str, scratch: str | Path | None = None) -> Iterator[Path]
         if sums.exists() else {}
     with tempfile.TemporaryDirectory(dir=scratch, prefix=".gguf-") as folder:
         digest = hashlib.sha256()
-        with open(Path(folder) / entry.gguf_file, "wb") as joined:
+        with open(Path(folder) / _gguf_file(name), "wb") as joined:
             for piece in pieces:
                 with piece.open("rb") as source:
                     while block := source.read(1 << 24):
@@ -149,7 +158,9 @@ def _dequantized(name: str) -> Path | None:
         with _gguf_folder(name, scratch=folder.parent) as gguf:
             AutoTokenizer.from_pretrained(gguf, gguf_file=entry.gguf_file).save_pretrained(building)
             model = AutoModelForCausalLM.from_pretrained(gguf, gguf_file=entry.gguf_file)
-        model.hf_quantizer = None  # the weights are plain float32 tensors once loaded
+        # the weights are plain float32 tensors once loaded; from_pretrained sets hf_quantizer, which
+        # PreTrainedModel does not declare (so mypy types it as a submodule or buffer)
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(building)
@@ -203,7 +214,8 @@ def load_model(
     """
     options = {k: v for k, v in {"dtype": dtype, "attn_implementation": attn_implementation,
                                  "device_map": device_map}.items() if v is not None}
-    source, tokenizer_options, gguf = name, {}, contextlib.nullcontext()
+    source, tokenizer_options = name, {}
+    gguf: contextlib.AbstractContextManager[Path | None] = contextlib.nullcontext()
     if name in OFFLINE_MODELS:
         entry = OFFLINE_MODELS[name]
         causal = entry.causal if causal is None else causal
@@ -221,11 +233,23 @@ def load_model(
     with gguf as folder:
         source = str(folder) if folder else source
         tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options)
-        model = auto.from_pretrained(source, **tokenizer_options, **options)
+        model: nn.Module = auto.from_pretrained(source, **tokenizer_options, **options)
     if device is not None and device_map is None:
         model = model.to(device)
     if name in OFFLINE_MODELS and OFFLINE_MODELS[name].add_bos_token is not None:
-        tokenizer.add_bos_token = OFFLINE_MODELS[name].add_bos_token
+        # a property with a setter, which transformers defines apart from its getter: mypy sees it read-only
+        tokenizer.add_bos_token = OFFLINE_MODELS[name].add_bos_token  # type: ignore[misc]
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
+
+
+def readable_tokens(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:
+    r"""Each id decoded on its own (``' Paris'``, not ``'ĠParis'``)."""
+    tokens = []
+    for token in ids:
+        text = tokenizer.decode([int(token)])
+        if not isinstance(text, str):  # decode returns a list only for a batch of sequences
+            raise TypeError(f"{type(tokenizer).__name__}.decode returned {type(text).__name__} for one token id.")
+        tokens.append(text)
+    return tokens

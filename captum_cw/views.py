@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from captum_cw.attribution import attribute_metrics, attributor_for
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import get_metric
+from captum_cw.models import readable_tokens
 from captum_cw.plotting import display_token
 
 __all__ = ["METRIC_LABELS", "AttributionView", "attribution_scores", "attribution_view", "html_view",
@@ -31,11 +32,6 @@ __all__ = ["METRIC_LABELS", "AttributionView", "attribution_scores", "attributio
 
 METRIC_LABELS = {"cw_inter": "contribution (inter)", "cw_intra": "contribution (intra)", "attention": "attention"}
 VARIANTS = ("inter", "intra")
-
-
-def readable_tokens(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:
-    r"""Each id decoded on its own (``' Paris'``, not ``'ĠParis'``)."""
-    return [tokenizer.decode([int(token)]) for token in ids]
 
 
 def attribution_scores(
@@ -347,8 +343,8 @@ def text_records(
             return text_records(result.seq_attr, words, pred_class="".join(result.output_tokens),
                                 attr_class="sum over the target", normalize=normalize)
         outputs = [tokenizer.convert_tokens_to_string([t]) if tokenizer else t for t in result.output_tokens]
-        probs = result.output_probs.tolist() if result.output_probs is not None else 0.0
-        return text_records(result.token_attr, words, pred_class=outputs, pred_prob=probs,
+        output_probs = result.output_probs.tolist() if result.output_probs is not None else 0.0
+        return text_records(result.token_attr, words, pred_class=outputs, pred_prob=output_probs,
                             attr_class=[f"target token {k}" for k in range(len(outputs))], normalize=normalize)
     scores = torch.as_tensor(attributions).detach().float().cpu()
     if scores.dim() == 1:

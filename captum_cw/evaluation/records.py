@@ -8,26 +8,29 @@ The summary (``summary.json``) is built by :func:`~captum_cw.evaluation.report.s
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, TypedDict, final
 
 from typing_extensions import NotRequired
 
 from captum_cw.statistics import Interval
 from captum_cw.tasks import KINDS, Kind
 
-__all__ = ["KINDS", "ChoiceCheck", "ChoiceClean", "Interval", "Kind", "Measures", "Record", "Skipped", "Summary",
-           "TextClean", "bin_key", "parse_record", "record_kind"]
+__all__ = ["KINDS", "ChoiceCheck", "ChoiceClean", "IGCompleteness", "Interval", "Kind", "Measures", "Record", "Skipped",
+           "Summary", "TextClean", "bin_key", "choice_clean", "parse_record", "record_kind", "text_clean"]
 
 
 Measures = dict[str, float]  # choice: prob_drop, logprob_drop, accuracy; text: delta_nll, delta_ppl
 ByBin = dict[str, Measures]  # bin key (bin_key) -> measures
 
 
+# @final: each format has exactly its keys, so a type checker tells a union's members apart by one of them
+@final
 class ChoiceClean(TypedDict):
     logliks: list[float]  # [choice]: log-likelihood of each choice's continuation
     prediction: int  # argmax of logliks
 
 
+@final
 class TextClean(TypedDict):
     nll: float  # mean next-token NLL
 
@@ -37,6 +40,7 @@ class IGCompleteness(TypedDict):
     output_change: float  # f(input) - f(baseline)
 
 
+@final
 class Record(TypedDict):
     r"""One finished example."""
 
@@ -49,6 +53,7 @@ class Record(TypedDict):
     ig_completeness: NotRequired[IGCompleteness]
 
 
+@final
 class Skipped(TypedDict):
     r"""An example too short to score."""
 
@@ -102,6 +107,22 @@ def bin_key(percent: float | str) -> str:
 def record_kind(record: Record) -> Kind:
     r"""``"text"`` for a record scored by NLL, ``"choice"`` for one scored by its choices' log-likelihoods."""
     return "text" if "nll" in record["clean"] else "choice"
+
+
+def choice_clean(record: Record) -> ChoiceClean:
+    r"""The clean measurement of a multiple-choice record; a ValueError for a text record."""
+    clean = record["clean"]
+    if "logliks" not in clean:
+        raise ValueError(f"record {record['id']!r} is a text record where a multiple-choice one was expected.")
+    return clean
+
+
+def text_clean(record: Record) -> TextClean:
+    r"""The clean measurement of a text record; a ValueError for a multiple-choice record."""
+    clean = record["clean"]
+    if "nll" not in clean:
+        raise ValueError(f"record {record['id']!r} is a multiple-choice record where a text one was expected.")
+    return clean
 
 
 def parse_record(raw: dict[str, Any]) -> Record | Skipped:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,17 @@ import numpy as np
 
 from captum_cw.evaluation.agreement import rank_agreement
 from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve
-from captum_cw.evaluation.records import ChoiceCheck, Kind, Record, Skipped, Summary, record_kind
+from captum_cw.evaluation.records import (
+    ChoiceCheck,
+    IGCompleteness,
+    Kind,
+    Record,
+    Skipped,
+    Summary,
+    choice_clean,
+    record_kind,
+    text_clean,
+)
 from captum_cw.plotting import plot_curves
 from captum_cw.statistics import Interval, bootstrap_interval, mean_interval, wilson_interval
 
@@ -68,6 +79,11 @@ def _soft(records: list[Record], seed: int) -> dict:
             for metric, modes in kept[0]["soft"].items()}
 
 
+def _answered(record: Record) -> bool:
+    r"""Whether the model answers a multiple-choice record correctly (its clean prediction is the label)."""
+    return choice_clean(record)["prediction"] == record["label"]
+
+
 def choice_check(records: list[Record]) -> ChoiceCheck:
     r"""
     Whether the model does better than chance on multiple-choice records. ``at_chance`` (not shown to beat
@@ -76,10 +92,10 @@ def choice_check(records: list[Record]) -> ChoiceCheck:
     model's predictions.
     """
     n = len(records)
-    correct = sum(r["clean"]["prediction"] == r["label"] for r in records)
+    correct = sum(_answered(r) for r in records)
     low, high = wilson_interval(correct, n)
-    chance = float(np.mean([1 / len(r["clean"]["logliks"]) for r in records]))
-    answer, count = Counter(r["clean"]["prediction"] for r in records).most_common(1)[0]
+    chance = float(np.mean([1 / len(choice_clean(r)["logliks"]) for r in records]))
+    answer, count = Counter(choice_clean(r)["prediction"] for r in records).most_common(1)[0]
     majority = Counter(r["label"] for r in records).most_common(1)[0][1]
     return ChoiceCheck(accuracy=correct / n, accuracy_low=low, accuracy_high=high, chance=chance,
                        most_frequent_answer=int(answer), most_frequent_share=count / n,
@@ -131,15 +147,14 @@ def summarize(records: list[Record], seed: int = 0) -> Summary:
     if soft := _soft(records, seed):
         summary["soft"] = soft
     if kind == "choice":
-        summary["clean_accuracy"] = mean_interval([float(r["clean"]["prediction"] == r["label"]) for r in records],
-                                                  seed)
+        summary["clean_accuracy"] = mean_interval([float(_answered(r)) for r in records], seed)
         summary["choice_check"] = choice_check(records)
-        correct = [r for r in records if r["clean"]["prediction"] == r["label"]]
+        correct = [r for r in records if _answered(r)]
         summary["correct"] = {"n_examples": len(correct), "aopc": _curves(correct, seed)[1] if correct else {}}
         if soft and correct:
             summary["correct"]["soft"] = _soft(correct, seed)
     else:
-        summary["clean_nll"] = mean_interval([r["clean"]["nll"] for r in records], seed)
+        summary["clean_nll"] = mean_interval([text_clean(r)["nll"] for r in records], seed)
     summary["paper_order"] = paper_order(aopc, PRIMARY[kind])
     completeness = [r["ig_completeness"] for r in records if "ig_completeness" in r]
     if completeness:
@@ -150,7 +165,7 @@ def summarize(records: list[Record], seed: int = 0) -> Summary:
     return summary
 
 
-def ig_completeness(checks: list[dict[str, float]]) -> dict[str, float]:
+def ig_completeness(checks: Sequence[IGCompleteness]) -> dict[str, float]:
     r"""
     How far IG's attributions are from summing to f(input) - f(baseline), over examples:
     medians of ``|attribution_sum - output_change|`` and of ``|output_change|``.
@@ -160,7 +175,7 @@ def ig_completeness(checks: list[dict[str, float]]) -> dict[str, float]:
             "median_abs_output_change": float(np.median([abs(c["output_change"]) for c in checks]))}
 
 
-def ig_completeness_line(summary: dict[str, Any]) -> str:
+def ig_completeness_line(summary: Mapping[str, Any]) -> str:
     r"""One sentence on IG's completeness for a summary that has it, else ``""``."""
     if "ig_completeness" not in summary:
         return ""
@@ -194,7 +209,7 @@ def aopc_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]:
                     (multiple choice). Default: ``"all"``
     """
     measure = summary["primary"]
-    part = summary if subset == "all" else summary.get("correct", {"aopc": {}})
+    part: Mapping[str, Any] = summary if subset == "all" else summary.get("correct", {"aopc": {}})
     soft = part.get("soft", {})
     return [(metric, *(_cell(modes[m][measure]) for m in MODES),
              *(_cell(soft[metric][m][measure]) for m in MODES if metric in soft))
@@ -211,8 +226,9 @@ def agreement_cells(summary: Summary, reference: str) -> list[tuple[str, str, st
             table = agreement.get(statistic, {})
             row = table.get(reference, {}).get(metric) or table.get(metric, {}).get(reference)
             cells.append(_cell(row) if row and row["n"] else "")
-        if metric != reference and any(cells):
-            rows.append((metric, *cells))
+        tau, rho = cells
+        if metric != reference and (tau or rho):
+            rows.append((metric, tau, rho))
     return rows
 
 
@@ -306,8 +322,8 @@ def write_report(records: list[Record | Skipped], config, out: Path) -> Summary:
     the model answers correctly, AOPC and soft rows only).
     """
     skipped = [{"id": r["id"], "reason": r["skipped"]} for r in records if "skipped" in r]
-    records = [r for r in records if "skipped" not in r]
-    summary = summarize(records, seed=config.protocol.seed)
+    scored = [r for r in records if "skipped" not in r]
+    summary = summarize(scored, seed=config.protocol.seed)
     summary["skipped"] = skipped
     summary["config"] = config.to_json()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -325,7 +341,8 @@ def write_report(records: list[Record | Skipped], config, out: Path) -> Summary:
                     write(metric, mode, "AOPC", measure, row, "all")
                     for b, by_measure in summary["bins"][metric][mode].items():
                         write(metric, mode, b, measure, by_measure[measure], "all")
-        for examples, part in (("all", summary), ("correct", summary.get("correct", {}))):
+        parts: list[tuple[str, Mapping[str, Any]]] = [("all", summary), ("correct", summary.get("correct", {}))]
+        for examples, part in parts:
             for name, label in (("aopc", "AOPC"), ("soft", "soft")):
                 if examples == "all" and name == "aopc":
                     continue  # written above, with the bins
@@ -333,7 +350,7 @@ def write_report(records: list[Record | Skipped], config, out: Path) -> Summary:
                     for mode, measures in modes.items():
                         for measure, row in measures.items():
                             write(metric, mode, label, measure, row, examples)
-    if records:
-        plot_curves(summary, out / "curves.png", title=f"{config.model} on {config.task} ({len(records)} examples)",
+    if scored:
+        plot_curves(summary, out / "curves.png", title=f"{config.model} on {config.task} ({len(scored)} examples)",
                     modes=MODES)
     return summary

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
+from transformers import PretrainedConfig
 
 from captum_cw.evaluation.records import Record, Skipped, parse_record
 from captum_cw.tasks import Example
@@ -134,7 +135,11 @@ def model_fingerprint(model: nn.Module) -> dict[str, str]:
     weights' names, shapes, dtypes and 64 evenly spaced values of each: cheap on any model size, and
     changed by any retraining or re-save of other weights.
     """
-    config = model.config.to_dict()
+    settings = getattr(model, "config", None)
+    if not isinstance(settings, PretrainedConfig):
+        raise ValueError(f"{type(model).__name__} has no transformers configuration (model.config); the evaluation "
+                         "runs transformers models.")
+    config = settings.to_dict()
     for key in ("_name_or_path", "transformers_version"):
         config.pop(key, None)
     weights = hashlib.sha256()

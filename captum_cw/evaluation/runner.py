@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from captum_cw.architectures import find_attention_layers
 from captum_cw.evaluation.protocols import ProtocolConfig, chosen_layers, evaluate_example
+from captum_cw.evaluation.records import Summary
 from captum_cw.evaluation.report import write_report
 from captum_cw.evaluation.run_folder import (
     check_data,
@@ -74,7 +75,7 @@ def evaluate(
     device: str | None = None,
     device_map: str | None = None,
     progress: bool = True,
-) -> dict:
+) -> Summary | None:
     r"""
     Evaluates every metric of ``config.protocol`` on ``config.task`` and writes
     ``records*.jsonl`` (one line per example, flushed as it finishes; an example
@@ -97,7 +98,7 @@ def evaluate(
         device_map (str, optional): e.g. ``"auto"`` for a model larger than one device.
         progress (bool, optional): show a tqdm bar. Default: True
     Returns:
-        The summary (as in ``summary.json``).
+        The summary (as in ``summary.json``); None on the processes other than the main one.
     """
     from accelerate import PartialState
 
@@ -148,7 +149,7 @@ def evaluate(
                 handle.flush()
                 os.fsync(handle.fileno())
         state.wait_for_everyone()
-        summary = {}
+        summary = None
         if state.is_main_process:
             wanted = {example.id for example in examples}
             records = [r for r in read_records(out, include_skipped=True) if r["id"] in wanted]

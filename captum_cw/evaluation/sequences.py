@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -100,21 +101,24 @@ def scoring_problem(encoded: EncodedExample) -> str | None:
     return None
 
 
-def choice_logliks(encoded: EncodedExample, logits: list[Tensor]) -> Tensor:
+def choice_logliks(encoded: EncodedExample, logits: Sequence[Tensor | None]) -> Tensor:
     r"""
     Log-likelihood of each choice's continuation.
 
     Args:
-        logits (list[Tensor]): per sequence, ``(batch, kept_rows, vocab)`` for its
-                    last ``rows_needed`` positions.
+        logits (Sequence[Tensor or None]): per sequence, ``(batch, kept_rows, vocab)`` for its
+                    last ``rows_needed`` positions; None for a sequence no choice of ``encoded`` reads.
     Returns:
         Tensor ``(batch, n_choices)``.
     """
     columns = []
     for choice in encoded.choices:
         n = len(encoded.sequences[choice.sequence])
-        first = choice.start - (n - logits[choice.sequence].shape[1])
-        rows = logits[choice.sequence][:, first:first + len(choice.tokens)].float().log_softmax(-1)
+        sequence_logits = logits[choice.sequence]
+        if sequence_logits is None:
+            raise ValueError(f"no logits for sequence {choice.sequence}, which a choice of {encoded.example.id} reads.")
+        first = choice.start - (n - sequence_logits.shape[1])
+        rows = sequence_logits[:, first:first + len(choice.tokens)].float().log_softmax(-1)
         tokens = torch.tensor(choice.tokens, device=rows.device)
         columns.append(rows.gather(-1, tokens[None, :, None].expand(rows.shape[0], -1, 1)).sum((1, 2)))
     return torch.stack(columns, 1)

@@ -43,17 +43,17 @@ def token_ticks(axis: Axes, tokens: Sequence[str], width: float, fontsize: float
     """
     n = len(tokens)
     every = max(1, math.ceil(LABEL_SPACING * fontsize / 72 / max(width / max(n, 1), 1e-6)))
-    marked = set(marked)
-    shown = sorted({j for j in range(n) if (n - 1 - j) % every == 0} | (marked & set(range(n))))
+    chosen = set(marked)
+    shown = sorted({j for j in range(n) if (n - 1 - j) % every == 0} | (chosen & set(range(n))))
     if every > 1:  # a marked label may crowd its neighbour: drop the neighbour
-        shown = [j for j in shown if j in marked or not any(0 < abs(j - m) < every for m in marked)]
-    labels = [("▼" if j in marked else "") + (display_token(tokens[j], 12).strip() or "␣")
+        shown = [j for j in shown if j in chosen or not any(0 < abs(j - m) < every for m in chosen)]
+    labels = [("▼" if j in chosen else "") + (display_token(tokens[j], 12).strip() or "␣")
               + (f" ({j})" if every > 1 else "") for j in shown]
     axis.set_xticks(shown, labels, rotation=90, fontsize=fontsize)
     if every > 1:
         axis.set_xticks(range(n), minor=True)
     for label, j in zip(axis.get_xticklabels(), shown):
-        if j in marked:
+        if j in chosen:
             label.set_color(SINK_COLOUR)
             label.set_fontweight("bold")
     return every

@@ -13,6 +13,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from captum_cw.models import readable_tokens
 from captum_cw.sinks.analysis import analyze_sinks, sink_norm_effect
 from captum_cw.sinks.plots import write_plots
 from captum_cw.statistics import bootstrap_interval
@@ -50,7 +51,7 @@ def sink_study(
             continue
         analyses.append(analyze_sinks(model, ids, threshold))
         effects.append(sink_norm_effect(model, ids, factor=factor))
-        token_lists.append([tokenizer.decode([t]) for t in ids.tolist()])
+        token_lists.append(readable_tokens(tokenizer, ids.tolist()))
     if not analyses:
         raise ValueError(f"none of the {len(texts)} texts has the 2 tokens a sink study needs; give longer texts.")
     summary = {**_summarize(analyses, effects, token_lists, threshold, factor), "skipped": skipped}
@@ -61,7 +62,7 @@ def sink_study(
 
 def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, Any]:
     n_layers = analyses[0].received.shape[0]
-    sink_tokens = Counter()
+    sink_tokens: Counter[str] = Counter()
     layers_with_first, later_sinks, all_sinks = 0, 0, 0
     for analysis, tokens in zip(analyses, token_lists):
         for sinks in analysis.sinks:

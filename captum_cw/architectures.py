@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 
+WeightLayout = Literal["linear", "conv1d"]  # nn.Linear's (d_model, heads * d_head) or GPT-2's Conv1D's transpose
+
+
 @dataclass(frozen=True)
 class Architecture:
     r"""
@@ -57,7 +60,7 @@ class Architecture:
 
     attention: str
     output_projection: str
-    weight_layout: Literal["linear", "conv1d"] = "linear"
+    weight_layout: WeightLayout = "linear"
 
     def __post_init__(self) -> None:
         if self.weight_layout not in ("linear", "conv1d"):
@@ -111,10 +114,19 @@ class AttentionLayer:
     index: int
     attention: nn.Module
     output_projection: nn.Module
-    weight_layout: str
+    weight_layout: WeightLayout
     discovered: bool = False  # found by structure, not from the registry: only the self-check vouches for it
     # "last": the last W_O W_O^T computed, with its key (n_heads, dtype, device, weight storage and version)
     _gram: dict[str, tuple[tuple, Tensor]] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def projection_weight(self) -> Tensor:
+        r"""The output projection's weight matrix, in its ``weight_layout``."""
+        weight = self.output_projection.weight
+        if not isinstance(weight, Tensor):
+            raise ValueError(f"layer {self.index}'s output projection {type(self.output_projection).__name__} has "
+                             "no weight tensor.")
+        return weight
 
     def head_projections(self, n_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
         r"""
@@ -124,7 +136,7 @@ class AttentionLayer:
             Tensor of shape ``(n_heads, d_head, d_model)``: ``W_O[h]`` maps head
             ``h``'s value vector to the residual stream.
         """
-        weight = self.output_projection.weight.detach().to(dtype)
+        weight = self.projection_weight.detach().to(dtype)
         if self.weight_layout == "linear":  # [d_model, heads * d_head]
             weight = weight.t()
         return weight.reshape(n_heads, -1, weight.shape[-1])  # [head, d_head, d_model]
@@ -137,7 +149,7 @@ class AttentionLayer:
         once and kept with the layer (as large as ``W_O`` in ``dtype``); recomputed when the
         weight changes.
         """
-        weight = self.output_projection.weight
+        weight = self.projection_weight
         key = (n_heads, dtype, device, weight.data_ptr(), weight._version)
         entry = self._gram.get("last")  # one read and one write: safe when two threads attribute at once
         if entry is None or entry[0] != key:
@@ -260,8 +272,8 @@ def _find_projection(model: nn.Module, name: str, module: nn.Module) -> str | No
             projection = _resolve(model, name, path)
         except AttributeError:
             continue
-        if projection is not module and isinstance(getattr(projection, "weight", None), Tensor) \
-                and projection.weight.dim() == 2:
+        weight = getattr(projection, "weight", None)
+        if projection is not module and isinstance(weight, Tensor) and weight.dim() == 2:
             return path
     return None
 
@@ -274,7 +286,8 @@ def _discover(model: nn.Module, types: list[str]) -> list[AttentionLayer]:
     r"""Finds the attention layers of an unregistered family from the model's structure."""
     parents = {id(child): module for module in model.modules() for child in module.children()}
     found = [(name, module) for name, module in model.named_modules()
-             if _calls_attention_interface(type(module))
+             # a class is hashable; mypy does not see it (python/mypy#11470)
+             if _calls_attention_interface(type(module))  # type: ignore[arg-type]
              and not _is_cross_attention(name, module, parents.get(id(module)))]
     model_type = types[0] if types else type(model).__name__
     register = (f"captum_cw.register_architecture({model_type!r}, Architecture(attention='<AttentionClass>', "
@@ -309,9 +322,9 @@ def _discover(model: nn.Module, types: list[str]) -> list[AttentionLayer]:
             f"it with captum_cw.register_architecture({model_type!r}, Architecture(attention={classes[0]!r}, "
             "output_projection='<path from the attention module>'))."
         )
-    layout = "conv1d" if type(_resolve(model, found[0][0], path)).__name__ == "Conv1D" else "linear"
+    layout: WeightLayout = "conv1d" if type(_resolve(model, found[0][0], path)).__name__ == "Conv1D" else "linear"
     arch = Architecture(classes[0], path, layout)
-    layers = []
+    layers: list[AttentionLayer] = []
     for name, module in found:
         projection = _resolve(model, name, path)
         _check_layout(projection, arch)

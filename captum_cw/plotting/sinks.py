@@ -10,12 +10,19 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from numpy.typing import ArrayLike
 
 from captum_cw.plotting.heatmaps import token_ticks
 
 __all__ = ["sink_alignment_figure", "sink_convexity_figure", "sink_factors_figure", "sink_norm_effect_figure",
            "sink_received_figure"]
+
+
+def _layer_axis(axis) -> None:
+    r"""Labels the x axis as layers, with whole-number ticks only (no layer 2.5)."""
+    axis.set_xlabel("layer")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def sink_received_figure(received: ArrayLike, sinks: Sequence[Sequence[int]], tokens: Sequence[str],
@@ -65,7 +72,7 @@ def sink_factors_figure(factors: Mapping[str, ArrayLike]) -> Figure:
         axis.plot(values[:, 0], marker="o", label="sinks")
         axis.plot(values[:, 1], marker="o", label="other tokens")
         axis.set_title(name)
-        axis.set_xlabel("layer")
+        _layer_axis(axis)
         axis.axhline(0, color="grey", lw=0.5)
     axes[0].legend()
     axes[0].set_ylabel("mean over heads, rows, keys")
@@ -86,7 +93,7 @@ def sink_alignment_figure(cos_sink_rest: ArrayLike, cos_sink_output: ArrayLike) 
     axis.plot(np.asarray(cos_sink_rest), marker="o", label="cos(vt_sink, non-sink mix)")
     axis.plot(np.asarray(cos_sink_output), marker="o", label="cos(vt_sink, o_h)")
     axis.axhline(0, color="grey", lw=0.5)
-    axis.set_xlabel("layer")
+    _layer_axis(axis)
     axis.set_ylabel("mean cosine")
     axis.legend()
     axis.set_title("anti-alignment of the sink's projected value")
@@ -129,7 +136,7 @@ def sink_norm_effect_figure(before: Mapping[str, ArrayLike], after: Mapping[str,
     for group in before:
         for when, values, style in (("before", before[group], "--"), ("after", after[group], "-")):
             axis.plot(np.asarray(values), style, label=f"{group}, {when}")
-    axis.set_xlabel("layer")
+    _layer_axis(axis)
     axis.set_ylabel("cos(o_h, semantic direction)")
     axis.legend(fontsize=8, ncols=2)
     axis.set_title("removing the sink's value norm")

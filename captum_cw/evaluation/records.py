@@ -140,4 +140,4 @@ def parse_record(raw: dict[str, Any]) -> Record | Skipped:
     record["results"] = {metric: {mode: {bin_key(b): measures for b, measures in by_bin.items()}
                                   for mode, by_bin in modes.items()}
                          for metric, modes in raw["results"].items()}
-    return record  # type: ignore[return-value]
+    return record  # type: ignore[return-value]  # a JSON object, taken as a Record once its keys are checked

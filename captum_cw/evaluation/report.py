@@ -135,13 +135,14 @@ def summarize(records: list[Record], seed: int = 0) -> Summary:
     over the examples the model answers correctly (``"correct"``). Records with ``rankings`` add the
     rank agreement of every pair of metrics. ``"warnings"`` says what makes the numbers unreliable.
     """
-    if not records:
+    if not records:  # no examples: no kind, primary measure or paper order to state
         return {"n_examples": 0, "bins": {}, "aopc": {}, "warnings": []}  # type: ignore[typeddict-item]
     kinds = {record_kind(r) for r in records}
     if len(kinds) > 1:
         raise ValueError("the records mix multiple-choice and text examples; summarise one task at a time.")
     kind = kinds.pop()
     bins, aopc = _curves(records, seed)
+    # paper_order and warnings, required, are set below, once the rest is there to judge
     summary: Summary = {"n_examples": len(records), "kind": kind, "primary": PRIMARY[kind], "bins": bins,
                         "aopc": aopc}  # type: ignore[typeddict-item]
     if soft := _soft(records, seed):

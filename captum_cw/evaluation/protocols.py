@@ -19,6 +19,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from captum.attr import LayerIntegratedGradients
@@ -34,7 +35,7 @@ from captum_cw.evaluation.ranking import (
     removal_from_ranks,
     soft_removal,
 )
-from captum_cw.evaluation.records import Record, bin_key
+from captum_cw.evaluation.records import ChoiceClean, Record, TextClean, bin_key
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
 from captum_cw.evaluation.sequences import Choice, EncodedExample, choice_logliks, compare, measure
 from captum_cw.interventions import mask_values
@@ -166,7 +167,7 @@ def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: lis
         with ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             stack.enter_context(mask_values(model, stacked, renormalize=config.renormalize))
-            if start > 0:
+            if clean_below is not None and start > 0:
                 stack.enter_context(skip_layers_below(model, start, clean_below))
             outputs.append(_forward(model, ids.expand(len(chunk), -1), keep))
     return torch.cat(outputs)
@@ -201,7 +202,8 @@ def _distinct(removals_per_sequence: list[list]) -> tuple[list[list], list[int]]
     keys = [tuple(_digest(removals[v], seen) for removals in removals_per_sequence)
             for v in range(len(removals_per_sequence[0]))]
     distinct: dict[tuple, int] = {}  # removal -> its index among the distinct ones
-    kept, index = [], []  # the first variant of each distinct removal; each variant's distinct index
+    kept: list[int] = []  # the first variant of each distinct removal
+    index: list[int] = []  # each variant's distinct index
     for variant, key in enumerate(keys):
         if key not in distinct:
             distinct[key] = len(kept)
@@ -468,5 +470,6 @@ def evaluate_example(model: nn.Module, encoded: EncodedExample, config: Protocol
     n_layers = len(find_attention_layers(model))
     run = _layer_level if config.protocol == "layer" else _input_level
     clean, results, diagnostics = run(model, encoded, config, n_layers)
-    return {"id": encoded.example.id, "label": encoded.example.label, "clean": clean, "results": results,
+    clean_form = cast("ChoiceClean | TextClean", clean)  # measure() builds the form of the example's kind
+    return {"id": encoded.example.id, "label": encoded.example.label, "clean": clean_form, "results": results,
             **diagnostics}

@@ -91,6 +91,21 @@ def memory_child(mode: str, n: int) -> None:
         print(peak_extra_memory(function))
 
 
+def arithmetic_floor(config, n: int, recompute_alpha: bool) -> float:
+    """CW over all rows / a forward, in multiply-adds: the forward (every layer's projections, MLP and full n x n
+    attention, and the logits of every position) against the products CW adds per layer (the pull-back of the
+    mixed values through W_O W_O^T and the (n x d_head) x (d_head x n) dots per head; on a model whose kernel
+    does not return its weights, also the recomputed scores and alpha @ V)."""
+    d_model, d_ff, vocabulary = config.hidden_size, config.intermediate_size, config.vocab_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    d_head = getattr(config, "head_dim", None) or d_model // heads
+    per_layer = (n * d_model * (heads + 2 * kv_heads) * d_head + n * heads * d_head * d_model
+                 + 3 * n * d_model * d_ff + 2 * heads * n * n * d_head)
+    forward = config.num_hidden_layers * per_layer + n * d_model * vocabulary
+    added = n * (heads * d_head) ** 2 + heads * n * n * d_head + (2 * heads * n * n * d_head if recompute_alpha else 0)
+    return (forward + config.num_hidden_layers * added) / forward
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -125,8 +140,8 @@ def main() -> None:
         "",
         "| n | forward sdpa (s) | forward eager (s) | CW on sdpa model (s) | CW / eager forward | CW / sdpa forward "
         "| CW without self-check (s) | self-check's share of CW | CW on eager model (s) "
-        "| CW on eager / eager forward |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| CW on eager / eager forward | arithmetic floor (eager / sdpa) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     no_cache = {"use_cache": False}
     with torch.no_grad():
@@ -150,7 +165,9 @@ def main() -> None:
             lines.append(f"| {n} | {times['sdpa']:.3f} | {times['eager']:.3f} | {times['cw']:.3f} | "
                          f"{times['cw'] / times['eager']:.2f}x | {times['cw'] / times['sdpa']:.2f}x | "
                          f"{times['unchecked']:.3f} | {times['cw'] / times['unchecked'] - 1:+.1%} | "
-                         f"{times['cw_eager']:.3f} | {times['cw_eager'] / times['eager']:.2f}x |")
+                         f"{times['cw_eager']:.3f} | {times['cw_eager'] / times['eager']:.2f}x | "
+                         f"{arithmetic_floor(model.config, n, False):.2f}x / "
+                         f"{arithmetic_floor(model.config, n, True):.2f}x |")
             print(lines[-1], flush=True)
 
     n = args.ig_length

@@ -23,7 +23,7 @@ import functools
 import inspect
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -116,8 +116,6 @@ class AttentionLayer:
     output_projection: nn.Module
     weight_layout: WeightLayout
     discovered: bool = False  # found by structure, not from the registry: only the self-check vouches for it
-    # "last": the last W_O W_O^T computed, with its key (n_heads, dtype, device, weight storage and version)
-    _gram: dict[str, tuple[tuple, Tensor]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def projection_weight(self) -> Tensor:
@@ -140,23 +138,6 @@ class AttentionLayer:
         if self.weight_layout == "linear":  # [d_model, heads * d_head]
             weight = weight.t()
         return weight.reshape(n_heads, -1, weight.shape[-1])  # [head, d_head, d_model]
-
-    def head_gram(self, n_heads: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        r"""
-        Returns ``W_O W_O^T`` over all heads, ``(n_heads * d_head, n_heads * d_head)``: block
-        ``(h, h')`` is ``W_O[h] W_O[h']^T``, so ``W_O[h] o[i]`` is the mixed values of row ``i``
-        times this matrix without forming ``o[i]`` (docs/DESIGN.md section 1, "Cost"). Computed
-        once and kept with the layer (as large as ``W_O`` in ``dtype``); recomputed when the
-        weight changes.
-        """
-        weight = self.projection_weight
-        key = (n_heads, dtype, device, weight.data_ptr(), weight._version)
-        entry = self._gram.get("last")  # one read and one write: safe when two threads attribute at once
-        if entry is None or entry[0] != key:
-            flat = self.head_projections(n_heads, dtype).to(device).flatten(0, 1)  # [head * d_head, d_model]
-            entry = (key, flat @ flat.T)
-            self._gram["last"] = entry
-        return entry[1]
 
 
 def _model_types(model: nn.Module) -> list[str]:

@@ -10,7 +10,6 @@ first, so the cost per head is that of one ``Q K^T`` product.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cached_property
 
 import torch
@@ -37,18 +36,13 @@ class HeadGeometry:
         mixed_values (Tensor, optional): ``alpha @ values`` when it is already known,
                     e.g. the attention kernel's own float32 output, checked against
                     the recomputation by the self-check. Default: recomputed.
-        head_gram (Callable, optional): returns ``W_O W_O^T`` over all heads
-                    ``(head * d_head, head * d_head)``; given, the inter-head direction
-                    ``W_O[h] o[i] / ||o[i]||^2`` takes one product with it instead of
-                    forming ``o[i]`` and pulling it back (two products). Default: None
     """
 
     def __init__(self, alpha: Tensor, values: Tensor, head_projections: Tensor,
-                 mixed_values: Tensor | None = None, head_gram: Callable[[], Tensor] | None = None) -> None:
+                 mixed_values: Tensor | None = None) -> None:
         self.alpha = alpha  # [batch, head, row, key]
         self.values = values  # [batch, head, key, d_head]
         self.head_projections = head_projections  # [head, d_head, d_model]
-        self.head_gram = head_gram
         if mixed_values is not None:
             self.mixed_values = mixed_values  # [batch, head, row, d_head]; fills the cached property
 
@@ -106,16 +100,10 @@ class HeadGeometry:
     @cached_property
     def _inter_direction(self) -> Tensor:
         r"""``W_O[h] o[i] / ||o[i]||^2``, 0 where ``o[i] = 0``: ``(batch, head, row, d_head)``. Dividing before
-        the product works on ``(row, d_model)`` rather than on the ``(head, row, key)`` result. With the Gram
-        matrix ``G = W_O W_O^T``, ``W_O[h] o[i]`` is ``m_i G`` and ``||o[i]||^2 = m_i G m_i^T`` for the mixed
-        values ``m_i`` of all heads, so a row's weights sum to 1 by the same numbers."""
-        if self.head_gram is None:
-            return self._pull_back(safe_divide(self.layer_output.unsqueeze(1), self.layer_output_norms.square()))
-        batch, heads, rows, d_head = self.mixed_values.shape
-        mixed = self.mixed_values.transpose(1, 2).reshape(batch, rows, heads * d_head)  # [batch, row, head * d_head]
-        pulled = mixed @ self.head_gram()  # W_O[h] o[i], all heads: [batch, row, head * d_head]
-        squared = (mixed * pulled).sum(-1, keepdim=True).clamp_min_(0)  # ||o[i]||^2: [batch, row, 1]
-        return safe_divide(pulled, squared).view(batch, rows, heads, d_head).transpose(1, 2)
+        the product works on ``(row, d_model)`` rather than on the ``(head, row, key)`` result. (Through the Gram
+        matrix ``W_O W_O^T`` one product would do, but ``||o||^2 = m G m^T`` then cancels like the heads do and
+        loses its precision where they nearly cancel: docs/DESIGN.md section 1, "Cost".)"""
+        return self._pull_back(safe_divide(self.layer_output.unsqueeze(1), self.layer_output_norms.square()))
 
     @cached_property
     def inter_shares(self) -> Tensor:

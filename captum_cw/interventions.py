@@ -8,6 +8,7 @@ from the head's mixed value, so the layer output ``o_i`` loses exactly ``alpha[h
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 from captum_cw.architectures import find_attention_layers
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.selection import select_indices
+from captum_cw.self_check import tolerance
 
 __all__ = ["mask_values", "knockout_tokens", "scale_values"]
 
@@ -39,6 +41,10 @@ def mask_values(
                     every head.
         renormalize (bool, optional): rescale the kept weights of each row to sum
                     to 1 (a row left with no weight becomes 0). Default: False
+
+    Interventions are for forward passes: the removed terms (and, where every row changes, the whole
+    attention output of the layer) are computed from detached queries, keys and values, so gradients
+    taken inside the block do not flow through the intervened layers' attention.
 
     Examples::
 
@@ -86,22 +92,27 @@ def _removed_shares(model: nn.Module, removals: Mapping[int, Tensor], renormaliz
     def on_call(call: AttentionCall) -> Tensor | None:
         removal = by_module[id(call.module)].to(call.query.device)
         n_query, n_key = call.query.shape[2], call.key.shape[2]
-        if removal.shape[-2:] != (n_query, n_key) or removal.shape[1] not in (1, call.n_heads):
+        batch = call.query.shape[0]
+        if (removal.dim() != 4 or removal.shape[-2:] != (n_query, n_key) or removal.shape[1] not in (1, call.n_heads)
+                or removal.shape[0] not in (1, batch)):
             raise ValueError(
-                f"removal mask has shape {tuple(removal.shape)}; expected (batch, {call.n_heads} or 1, "
-                f"{n_query}, {n_key})."
+                f"removal mask has shape {tuple(removal.shape)}; expected ({batch} or 1, {call.n_heads} or 1, "
+                f"{n_query}, {n_key}) for this input."
             )
         rows = (removal != 0).flatten(0, 1).any(0).any(-1).nonzero().flatten()  # rows that lose a key
         if len(rows) == 0:
             return None
         alpha = call.alpha(rows)  # [batch, head, row, key]
-        if len(rows) == n_query:  # every row changes (the layer-level protocol): mix the kept terms, no kernel
+        every_row = len(rows) == n_query
+        if every_row and call.replaced is None and _recomputes_exactly(call, alpha):
+            # the layer-level protocol's case: mix the kept terms, the kernel need not run
             kept = alpha * (1 - removal.to(alpha.dtype))  # a head dimension of 1 broadcasts
             mixed = call.mix(kept)  # [batch, head, row, d_head]
-        else:  # the kernel's output, less the removed terms, on the rows that change
-            removed = alpha * removal.index_select(2, rows)
+        else:  # the output as it stands (the kernel's, or an outer capture's), less the removed terms
+            removed = alpha * (removal if every_row else removal.index_select(2, rows))
             kept = alpha - removed
-            mixed = call.output.index_select(1, rows).transpose(1, 2).to(alpha.dtype) - call.mix(removed)
+            output = call.output if every_row else call.output.index_select(1, rows)
+            mixed = output.transpose(1, 2).to(alpha.dtype) - call.mix(removed)
         if renormalize:
             total = kept.sum(-1, keepdim=True)  # [batch, head, row, 1]
             mixed = torch.where(total > 0, mixed / torch.where(total > 0, total, 1.0), 0.0)
@@ -110,6 +121,29 @@ def _removed_shares(model: nn.Module, removals: Mapping[int, Tensor], renormaliz
 
     with capture_attention(model, [layers[index].attention for index in indices], on_call):
         yield
+
+
+# modules whose recomputed alpha @ V reproduces their kernel, per (implementation, dtype, device type): checked
+# once per process on the first intervention that would rely on it (docs/DESIGN.md, "Capture")
+_EXACT: weakref.WeakKeyDictionary[nn.Module, dict[tuple, bool]] = weakref.WeakKeyDictionary()
+
+
+def _recomputes_exactly(call: AttentionCall, alpha: Tensor) -> bool:
+    r"""
+    Whether ``alpha @ V`` recomputed for every row (``alpha`` ``(batch, head, n_query, key)``) equals the
+    kernel's output within the self-check's tolerance: only then may an intervention build the whole output
+    from the recomputation. A kernel with terms the recomputation lacks (learned sink logits, a position
+    bias outside the mask) keeps its own output, less the removed terms.
+    """
+    key = (call.implementation, call.query.dtype, call.query.device.type)
+    known = _EXACT.setdefault(call.module, {})
+    if key not in known:
+        kernel = call.output.detach().transpose(1, 2).to(alpha.dtype)  # runs the kernel: [batch, head, row, d_head]
+        real = torch.isfinite(kernel).all(-1, keepdim=True) & (alpha.sum(-1, keepdim=True) > 0)  # rows with keys
+        difference = torch.where(real, (call.mix(alpha) - kernel).abs(), 0.0).amax()
+        scale = torch.where(real, kernel.abs(), 0.0).amax().clamp_min(torch.finfo(alpha.dtype).tiny)
+        known[key] = bool(difference / scale <= tolerance(call.query.dtype))
+    return known[key]
 
 
 @contextmanager

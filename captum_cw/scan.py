@@ -200,10 +200,6 @@ def scan_geometry(
         if padding is not None and padding.shape[1] == values.shape[2]:  # padded keys may hold NaN states
             values = torch.where(padding.to(device)[:, None, :, None], values, 0.0)
         projections = layers[k].head_projections(call.n_heads, call.compute_dtype).to(device)  # [head, d_head, d_model]
-        n_heads, d_head, d_model = projections.shape
-        # one (h d_head)^2 product per row instead of two (h d_head) x d_model ones: cheaper while h d_head < 2 d_model
-        gram = (lambda: layers[k].head_gram(n_heads, call.compute_dtype, device)) if n_heads * d_head < 2 * d_model \
-            else None
         for chunk, rows in enumerate(all_rows.split(chunk_size)):
             alpha, mixed = kernel_rows(call, rows) or (call.alpha(rows), None)  # [b, head, row, key], [.., d_head]
             if padding is not None and padding.shape[1] == alpha.shape[-1]:
@@ -213,7 +209,7 @@ def scan_geometry(
                 mixed = None if mixed is None else torch.where(real_rows, mixed, 0.0)
             if verify and chunk == 0:
                 checks.append(check_layer(layers[k], call, rows, alpha, values, projections, padding))
-            on_chunk(k, rows, HeadGeometry(alpha, values, projections, mixed, gram))
+            on_chunk(k, rows, HeadGeometry(alpha, values, projections, mixed))
 
     with torch.no_grad(), capture_attention(model, [layer.attention for layer in layers], on_call):
         output = model(model_inputs.main, *positional_args, **model_inputs.keyword)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from captum_cw.interventions import knockout_tokens, mask_values
+from captum_cw.interventions import knockout_tokens, mask_values, scale_values
 from tiny_models import FAMILIES, example_inputs
 
 
@@ -126,6 +126,8 @@ def test_an_intervention_on_every_row_skips_the_kernel_and_matches_it(monkeypatc
     last_row = every_row & (torch.arange(n) == n - 1)[:, None]
     with torch.no_grad():
         with mask_values(model, {0: every_row}):
+            model(ids)  # the first time, the kernel runs once to check that the recomputation reproduces it
+            calls.clear()
             skipped = model(ids).logits
         assert len(calls) == n_layers - 1  # layer 0's output came from the kept terms alone
         calls.clear()
@@ -136,3 +138,52 @@ def test_an_intervention_on_every_row_skips_the_kernel_and_matches_it(monkeypatc
         with mask_values(model, {0: every_row & ~last_row}), mask_values(model, {0: last_row}):
             corrected = model(ids).logits
     torch.testing.assert_close(skipped, corrected, rtol=1e-5, atol=1e-5)
+
+
+def test_nested_removals_add_up_when_the_inner_one_changes_every_row():
+    family = FAMILIES["llama"]
+    model = family.build().double()
+    ids, _ = example_inputs(family)
+    n = ids.shape[1]
+    every_row = torch.zeros(1, 1, n, n, dtype=torch.bool)
+    every_row[..., 0] = True  # every row loses key 0: the inner capture could rebuild the output itself
+    some_rows = torch.zeros(1, 1, n, n, dtype=torch.bool)
+    some_rows[..., 1:, 1] = True
+    with torch.no_grad():
+        with mask_values(model, {0: every_row | some_rows}):
+            union = model(ids).logits
+        with mask_values(model, {0: some_rows}), mask_values(model, {0: every_row}):
+            nested = model(ids).logits  # the inner removal starts from the outer one's output
+    torch.testing.assert_close(nested, union)
+
+
+def test_a_kernel_the_recomputation_does_not_reproduce_keeps_its_own_output():
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    torch.manual_seed(0)
+    config = GptOssConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                          num_experts_per_tok=1, layer_types=["full_attention"] * 2, initializer_range=0.2)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 2)  # learned sink logits: alpha @ V alone is not the kernel's output
+    model.set_attn_implementation("eager")
+    ids = torch.randint(3, 64, (1, 9), generator=torch.Generator().manual_seed(0))
+    almost_all = torch.ones(1, 1, 9, 9)
+    almost_all[..., 0] = 1 - 1e-6  # every row keeps all but a millionth of key 0's term
+    with torch.no_grad():
+        clean = model(ids).logits
+        with scale_values(model, {0: almost_all}):
+            scaled = model(ids).logits
+    torch.testing.assert_close(scaled, clean, rtol=0, atol=1e-4)
+
+
+def test_a_removal_mask_for_another_batch_size_is_refused():
+    family = FAMILIES["llama"]
+    model = family.build()
+    ids, _ = example_inputs(family)
+    n = ids.shape[1]
+    with pytest.raises(ValueError, match="expected \\(2 or 1"):
+        with torch.no_grad(), mask_values(model, {0: torch.zeros(3, 1, n, n, dtype=torch.bool)}):
+            model(ids)

@@ -93,16 +93,18 @@ def memory_child(mode: str, n: int) -> None:
 
 def arithmetic_floor(config, n: int, recompute_alpha: bool) -> float:
     """CW over all rows / a forward, in multiply-adds: the forward (every layer's projections, MLP and full n x n
-    attention, and the logits of every position) against the products CW adds per layer (the pull-back of the
-    mixed values through W_O W_O^T and the (n x d_head) x (d_head x n) dots per head; on a model whose kernel
-    does not return its weights, also the recomputed scores and alpha @ V)."""
+    attention, and the logits of every position) against the products CW adds per layer (the layer output
+    o = m W_O and its pull-back through each W_O[h], and the (n x d_head) x (d_head x n) dots per head; on a model
+    whose kernel does not return its weights, also the recomputed scores and alpha @ V)."""
     d_model, d_ff, vocabulary = config.hidden_size, config.intermediate_size, config.vocab_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     d_head = getattr(config, "head_dim", None) or d_model // heads
     per_layer = (n * d_model * (heads + 2 * kv_heads) * d_head + n * heads * d_head * d_model
                  + 3 * n * d_model * d_ff + 2 * heads * n * n * d_head)
     forward = config.num_hidden_layers * per_layer + n * d_model * vocabulary
-    added = n * (heads * d_head) ** 2 + heads * n * n * d_head + (2 * heads * n * n * d_head if recompute_alpha else 0)
+    added = 2 * n * heads * d_head * d_model + heads * n * n * d_head
+    if recompute_alpha:
+        added += 2 * heads * n * n * d_head
     return (forward + config.num_hidden_layers * added) / forward
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from transformers.modeling_utils import AttentionInterface
 
-__all__ = ["AttentionCall", "capture_attention"]
+__all__ = ["AttentionCall", "capture_attention", "take_rows"]
 
 
 @dataclass
@@ -125,9 +125,7 @@ class AttentionCall:
 
     def scores(self, rows: Tensor) -> Tensor:
         r"""Pre-softmax logits of the given rows: ``(batch, n_heads, n_rows, n_key)``, a new tensor."""
-        query = self.query.detach()
-        if not _every_row(rows, query.shape[2]):
-            query = query.index_select(2, rows)
+        query = take_rows(self.query.detach(), 2, rows)
         key = self.key.detach().to(self.compute_dtype)  # [batch, kv_head, key, d_head]
         batch, n_heads, n_rows, d_head = query.shape
         # grouped-query heads share their key: [batch, kv_head, group * row, d_head], scaled on the smaller side
@@ -158,9 +156,12 @@ class AttentionCall:
         return torch.where(has_key, alpha, 0.0)
 
 
-def _every_row(rows: Tensor, n_query: int) -> bool:
-    r"""Whether ``rows`` lists the query positions ``0 .. n_query - 1`` in order (no gather needed)."""
-    return len(rows) == n_query and bool((rows == torch.arange(n_query, device=rows.device)).all())
+def take_rows(tensor: Tensor, dim: int, rows: Tensor) -> Tensor:
+    r"""``tensor.index_select(dim, rows)``, as a view (no copy) when ``rows`` are consecutive and increasing."""
+    first = int(rows[0]) if len(rows) else 0
+    if bool((rows == torch.arange(first, first + len(rows), device=rows.device)).all()):
+        return tensor.narrow(dim, first, len(rows))
+    return tensor.index_select(dim, rows)
 
 
 def _eager_function(module: nn.Module) -> Callable:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
-from captum_cw.capture import AttentionCall, capture_attention
+from captum_cw.capture import AttentionCall, capture_attention, take_rows
 from captum_cw.selection import select_indices
 from captum_cw.self_check import tolerance
 
@@ -109,15 +109,14 @@ def _removed_shares(model: nn.Module, removals: Mapping[int, Tensor], renormaliz
             kept = alpha * (1 - removal.to(alpha.dtype))  # a head dimension of 1 broadcasts
             mixed = call.mix(kept)  # [batch, head, row, d_head]
         else:  # the output as it stands (the kernel's, or an outer capture's), less the removed terms
-            removed = alpha * (removal if every_row else removal.index_select(2, rows))
+            removed = alpha * take_rows(removal, 2, rows)
             kept = alpha - removed
-            output = call.output if every_row else call.output.index_select(1, rows)
-            mixed = output.transpose(1, 2).to(alpha.dtype) - call.mix(removed)
+            mixed = take_rows(call.output, 1, rows).transpose(1, 2).to(alpha.dtype) - call.mix(removed)
         if renormalize:
             total = kept.sum(-1, keepdim=True)  # [batch, head, row, 1]
             mixed = torch.where(total > 0, mixed / torch.where(total > 0, total, 1.0), 0.0)
         mixed = mixed.transpose(1, 2)  # [batch, row, head, d_head]
-        return mixed if len(rows) == n_query else call.output.index_copy(1, rows, mixed.to(call.output.dtype))
+        return mixed if every_row else call.output.index_copy(1, rows, mixed.to(call.output.dtype))
 
     with capture_attention(model, [layers[index].attention for index in indices], on_call):
         yield

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_cw.architectures import AttentionLayer
-from captum_cw.capture import AttentionCall, capture_attention
+from captum_cw.capture import AttentionCall, capture_attention, take_rows
 from captum_cw.geometry import HeadGeometry
 from captum_cw.self_check import LayerCheck, check_layer, raise_on_mismatch
 
@@ -153,17 +153,10 @@ def kernel_rows(call: AttentionCall, rows: Tensor) -> tuple[Tensor, Tensor] | No
     if weights is None or weights.dtype != call.compute_dtype or weights.shape[-2:] != (
             call.query.shape[2], call.key.shape[2]) or weights.shape[1] != call.n_heads:
         return None
-    alpha = _take_rows(weights.detach(), 2, rows)  # [batch, head, row, key]
-    mixed = _take_rows(call.output.detach(), 1, rows).transpose(1, 2)  # [batch, head, row, d_head]
+    alpha = take_rows(weights.detach(), 2, rows)  # [batch, head, row, key]
+    mixed = take_rows(call.output.detach(), 1, rows).transpose(1, 2)  # [batch, head, row, d_head]
     return alpha, mixed
 
-
-def _take_rows(tensor: Tensor, dim: int, rows: Tensor) -> Tensor:
-    r"""``tensor.index_select(dim, rows)``, as a view (no copy) when ``rows`` are consecutive and increasing."""
-    first = int(rows[0]) if len(rows) else 0
-    if bool((rows == torch.arange(first, first + len(rows), device=rows.device)).all()):
-        return tensor.narrow(dim, first, len(rows))
-    return tensor.index_select(dim, rows)
 
 
 def scan_geometry(

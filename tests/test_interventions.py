@@ -32,6 +32,15 @@ def _layer_run(model, family, ids, mask, layer):
     return output.attentions[layer], seen["v"], seen["out"], weight
 
 
+def _projected_values(v, weight, n_heads):
+    """vt[h, j] = v[h, j] @ W_O[h] ``(batch, head, n, d_model)`` from the value projection's output
+    ``(batch, n, kv_heads * d)`` and W_O ``(heads * d, d_model)``, each KV head repeated for its query heads."""
+    batch, n = v.shape[:2]
+    w_o = weight.reshape(n_heads, -1, weight.shape[1])  # [head, d, d_model]
+    v = v.reshape(batch, n, -1, w_o.shape[1]).transpose(1, 2).repeat_interleave(
+        n_heads // (v.shape[-1] // w_o.shape[1]), dim=1)  # [batch, head, n, d]
+    return torch.einsum("bhnd,hdm->bhnm", v, w_o)
+
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_masked_output_is_clean_minus_removed_terms(name, renormalize):
@@ -43,10 +52,7 @@ def test_masked_output_is_clean_minus_removed_terms(name, renormalize):
     layer = 1
     alpha, v, clean, weight = _layer_run(model, family, ids, mask, layer)
     batch, heads, n, _ = alpha.shape
-    w_o = weight.reshape(heads, -1, weight.shape[1])  # [head, d, d_model]
-    v = v.reshape(batch, n, -1, w_o.shape[1]).transpose(1, 2).repeat_interleave(
-        heads // (v.shape[-1] // w_o.shape[1]), dim=1)  # [batch, head, n, d]
-    vt = torch.einsum("bhnd,hdm->bhnm", v, w_o)  # [batch, head, n, d_model]
+    vt = _projected_values(v, weight, heads)  # [batch, head, n, d_model]
 
     removal = torch.zeros(batch, heads, n, n, dtype=torch.bool)
     removal[0, 1, -1, [0, 3]] = True  # one head, one row, two keys

@@ -12,7 +12,7 @@ from captum_cw.evaluation.sequences import compare, encode
 from captum_cw.interventions import mask_values, scale_values
 from captum_cw.models import load_model
 from conftest import TEST_DATA
-from test_interventions import _layer_run
+from test_interventions import _layer_run, _projected_values
 from tiny_models import FAMILIES, example_inputs
 
 DATA = str(TEST_DATA)
@@ -33,10 +33,7 @@ def test_scaled_output_keeps_the_scaled_terms(renormalize, heads):
     layer = 1
     alpha, v, clean, weight = _layer_run(model, family, ids, None, layer)
     batch, n_heads, n, _ = alpha.shape
-    w_o = weight.reshape(n_heads, -1, weight.shape[1])  # [head, d, d_model]
-    v = v.reshape(batch, n, -1, w_o.shape[1]).transpose(1, 2).repeat_interleave(
-        n_heads // (v.shape[-1] // w_o.shape[1]), dim=1)  # [batch, head, n, d]
-    vt = torch.einsum("bhnd,hdm->bhnm", v, w_o)  # [batch, head, n, d_model]
+    vt = _projected_values(v, weight, n_heads)  # [batch, head, n, d_model]
     generator = torch.Generator().manual_seed(0)
     scale = torch.rand(batch, n_heads if heads == "each" else 1, n, n, generator=generator, dtype=torch.float64)
     with scale_values(model, {layer: scale}, renormalize=renormalize):

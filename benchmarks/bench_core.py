@@ -1,6 +1,6 @@
 """Speed and memory of the core attributors on SmolLM2-135M, side by side in one run.
 
-    python benchmarks/bench_core.py [--repeats 5] [--quick]
+    python benchmarks/bench_core.py [--repeats 11] [--lengths 128 512 2048]
 
 Writes its sections of benchmarks/RESULTS.md (and prints them), keeping the evaluator benchmark's. In the CW vs
 forward table the four runs (sdpa and eager forwards, CW with and without the self-check) take turns, so that a
@@ -36,8 +36,8 @@ def median_seconds(function, repeats: int) -> float:
     return statistics.median(times)
 
 
-def interleaved_medians(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, the functions taking turns within each repeat."""
+def interleaved_times(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each function in each repeat, the functions taking turns within each repeat."""
     for function in functions.values():
         function()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in functions}
@@ -46,7 +46,16 @@ def interleaved_medians(functions: dict[str, Callable[[], object]], repeats: int
             start = time.perf_counter()
             function()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def ratio_cell(numerator: list[float], denominator: list[float]) -> str:
+    """The median of the per-repeat ratios (each repeat's two runs are neighbours in time, so a change in the
+    machine's load hits both), their interquartile range, and the ratio of the two fastest runs (interference
+    only ever adds time)."""
+    ratios = [a / b for a, b in zip(numerator, denominator)]
+    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return f"{statistics.median(ratios):.2f}x ({low:.2f}-{high:.2f}; fastest {min(numerator) / min(denominator):.2f}x)"
 
 
 def rss_bytes() -> int:
@@ -110,7 +119,7 @@ def arithmetic_floor(config, n: int, recompute_alpha: bool) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
     parser.add_argument("--memory-length", type=int, default=8192)
     parser.add_argument("--ig-length", type=int, default=128)
@@ -135,7 +144,8 @@ def main() -> None:
         "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU threads, "
         f"torch {torch.__version__}, transformers {transformers.__version__}, captum {captum.__version__}; "
-        f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}. Medians of {args.repeats} runs after a warm-up.",
+        f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}. Medians of {args.repeats} runs after a warm-up; "
+        "ratios are medians of the per-run ratios (interquartile range; ratio of the fastest runs).",
         f"Reproduce: `python benchmarks/bench_core.py` ({time.strftime('%Y-%m-%d')}).",
         "",
         "## Contribution weights over all 30 layers, 9 heads and n rows vs a plain forward pass",
@@ -160,14 +170,15 @@ def main() -> None:
                 model.set_attn_implementation(implementation)  # eager hands its own weights to the scan
                 which.attribute(ids, additional_forward_args=no_cache)
 
-            times = interleaved_medians({"sdpa": lambda: forward("sdpa"), "eager": lambda: forward("eager"),
-                                         "cw": lambda: contribution_weights(attributor),
-                                         "unchecked": lambda: contribution_weights(unchecked),
-                                         "cw_eager": lambda: contribution_weights(attributor, "eager")}, args.repeats)
+            runs = interleaved_times({"sdpa": lambda: forward("sdpa"), "cw": lambda: contribution_weights(attributor),
+                                      "unchecked": lambda: contribution_weights(unchecked),
+                                      "eager": lambda: forward("eager"),  # next to the run it is compared with
+                                      "cw_eager": lambda: contribution_weights(attributor, "eager")}, args.repeats)
+            times = {name: statistics.median(values) for name, values in runs.items()}
             lines.append(f"| {n} | {times['sdpa']:.3f} | {times['eager']:.3f} | {times['cw']:.3f} | "
-                         f"{times['cw'] / times['eager']:.2f}x | {times['cw'] / times['sdpa']:.2f}x | "
+                         f"{ratio_cell(runs['cw'], runs['eager'])} | {ratio_cell(runs['cw'], runs['sdpa'])} | "
                          f"{times['unchecked']:.3f} | {times['cw'] / times['unchecked'] - 1:+.1%} | "
-                         f"{times['cw_eager']:.3f} | {times['cw_eager'] / times['eager']:.2f}x | "
+                         f"{times['cw_eager']:.3f} | {ratio_cell(runs['cw_eager'], runs['eager'])} | "
                          f"{arithmetic_floor(model.config, n, False):.2f}x / "
                          f"{arithmetic_floor(model.config, n, True):.2f}x |")
             print(lines[-1], flush=True)

@@ -66,7 +66,9 @@ class MetricAttribution(Attribution):
         layers (int or Sequence[int], optional): layers to attribute, in the order
                     wanted (negative counts from the end). Default: all.
         heads (int or Sequence[int], optional): heads to keep. Default: all.
-        chunk_size (int, optional): query rows computed at once per layer. Default: 256
+        chunk_size (int, optional): query rows computed at once per layer.
+                    Default: None (as many as keep one block of scores within
+                    :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run the self-check (see :class:`ContributionWeights`).
                     Default: True
     """
@@ -77,12 +79,14 @@ class MetricAttribution(Attribution):
         metric: str,
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
-        chunk_size: int = 256,
+        chunk_size: int | None = None,
         verify: bool = True,
     ) -> None:
         self.metric: Metric = get_metric(metric)
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive int (query rows per block), got {chunk_size!r}.")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                       or chunk_size < 1):
+            raise ValueError(f"chunk_size must be a positive int (query rows per block) or None (sized by "
+                             f"CHUNK_ELEMENTS), got {chunk_size!r}.")
         super().__init__(model)
         self.model = model
         self.attention_layers = find_attention_layers(model)
@@ -364,7 +368,7 @@ class _FixedMetricAttribution(MetricAttribution):
         model: nn.Module,
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
-        chunk_size: int = 256,
+        chunk_size: int | None = None,
         verify: bool = True,
     ) -> None:
         super().__init__(model, self.metric_name, layers, heads, chunk_size, verify)
@@ -387,7 +391,8 @@ class ContributionWeights(MetricAttribution):
         heads (int or Sequence[int], optional): heads to keep. Default: all.
         variant (str, optional): ``"inter"`` or ``"intra"``. Default: ``"inter"``.
         chunk_size (int, optional): query rows computed at once per layer.
-                    Default: 256
+                    Default: None (as many as keep one block of scores within
+                    :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run the self-check (:mod:`captum_cw.self_check`):
                     on a few rows per layer, the recomputed ``alpha @ V`` must equal
                     the attention kernel's own output and ``sum_h o_h`` the output
@@ -409,7 +414,7 @@ class ContributionWeights(MetricAttribution):
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
         variant: str = "inter",
-        chunk_size: int = 256,
+        chunk_size: int | None = None,
         verify: bool = True,
     ) -> None:
         if variant not in ("inter", "intra"):
@@ -471,7 +476,9 @@ class AttentionWeights(_FixedMetricAttribution):
         model (nn.Module): a transformers model of a registered architecture.
         layers (int or Sequence[int], optional): layers to attribute. Default: all.
         heads (int or Sequence[int], optional): heads to keep. Default: all.
-        chunk_size (int, optional): query rows computed at once per layer. Default: 256
+        chunk_size (int, optional): query rows computed at once per layer.
+                    Default: None (as many as keep one block of scores within
+                    :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run the self-check, as in :class:`ContributionWeights`. Default: True
     """
 
@@ -507,7 +514,7 @@ def attributor_for(
     model: nn.Module,
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
     verify: bool = True,
 ) -> MetricAttribution:
     r"""The attributor of a registered metric by name: its named class where it has one."""
@@ -530,7 +537,7 @@ def attribute_metrics(
     additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
     query_positions: Sequence[int] | Tensor | None = None,
     per_head: bool = False,
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
     verify: bool = True,
 ) -> MetricScores:
     r"""

@@ -15,7 +15,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-__all__ = ["HeadGeometry", "safe_divide"]
+__all__ = ["HeadGeometry", "safe_divide", "sum_heads"]
 
 
 
@@ -23,6 +23,13 @@ def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
     r"""``numerator / denominator`` where the denominator is non-zero, else 0 (never NaN or inf)."""
     nonzero = denominator != 0
     return torch.where(nonzero, numerator / torch.where(nonzero, denominator, 1.0), 0.0)
+
+
+def sum_heads(mixed_values: Tensor, head_projections: Tensor) -> Tensor:
+    r"""``sum_h mixed_values[h] @ W_O[h]`` as one ``(row, head * d_head) x (head * d_head, d_model)`` product:
+    ``(batch, row, d_model)`` from ``(batch, head, row, d_head)`` and ``(head, d_head, d_model)``."""
+    heads, d_head, d_model = head_projections.shape
+    return mixed_values.transpose(1, 2).flatten(2) @ head_projections.reshape(heads * d_head, d_model)
 
 
 class HeadGeometry:
@@ -59,7 +66,7 @@ class HeadGeometry:
     @cached_property
     def layer_output(self) -> Tensor:
         r"""``o[i] = sum_h o_h[h, i]`` (without the output bias): ``(batch, row, d_model)``."""
-        return torch.einsum("bhrd,hdm->brm", self.mixed_values, self.head_projections)  # one product over (h, d)
+        return sum_heads(self.mixed_values, self.head_projections)
 
     @cached_property
     def value_norms(self) -> Tensor:
@@ -80,8 +87,13 @@ class HeadGeometry:
 
     def _pull_back(self, direction: Tensor) -> Tensor:
         r"""``W_O[h] direction[h|1, i]``: ``(batch, head, row, d_head)``, so that ``<direction, vt[h, j]>``
-        is its dot product with ``v[h, j]``."""
-        return torch.einsum("bhrm,hdm->bhrd", direction, self.head_projections)
+        is its dot product with ``v[h, j]``. Both forms are plain products on a transposed view of ``W_O``,
+        which BLAS reads as it lies, without a copy per chunk."""
+        heads, d_head, d_model = self.head_projections.shape
+        if direction.shape[1] == 1:  # one direction for all heads: (row, d_model) x (d_model, head * d_head)
+            pulled = direction.squeeze(1) @ self.head_projections.reshape(heads * d_head, d_model).t()
+            return pulled.unflatten(-1, (heads, d_head)).transpose(1, 2)  # [batch, head, row, d_head], a view
+        return direction @ self.head_projections.transpose(-1, -2)  # per head: (row, d_model) x (d_model, d_head)
 
     def _dots(self, direction: Tensor) -> Tensor:
         r"""``<direction[h, i], vt[h, j]>`` for a direction ``(batch, head|1, row, d_model)``."""

@@ -55,7 +55,8 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
         heads (int or Sequence[int], optional): heads to keep. Default: all.
         variant (str, optional): ``"inter"`` or ``"intra"``. Default: ``"inter"``
         chunk_size (int, optional): query rows computed at once per layer.
-                    Default: 256
+                    Default: None (as many as keep one block of scores within
+                    :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run captum_cw's self-check (see
                     :class:`captum_cw.ContributionWeights`). Default: True
 
@@ -120,7 +121,7 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
         variant: str = "inter",
-        chunk_size: int = 256,
+        chunk_size: int | None = None,
         verify: bool = True,
         **kwargs: Any,
     ) -> None:

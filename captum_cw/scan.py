@@ -14,7 +14,12 @@ from captum_cw.capture import AttentionCall, capture_attention, take_rows
 from captum_cw.geometry import HeadGeometry
 from captum_cw.self_check import LayerCheck, check_layer, raise_on_mismatch
 
-__all__ = ["ModelInputs", "check_inputs", "prepare_inputs", "resolve_positions", "scan_geometry"]
+__all__ = ["CHUNK_ELEMENTS", "ModelInputs", "check_inputs", "prepare_inputs", "resolve_positions", "scan_geometry"]
+
+CHUNK_ELEMENTS = 2**24
+r"""Numbers in one ``(batch, head, row, key)`` block of scores (64 MiB in float32) when the chunk size is not
+given: n = 512 with 9 heads is one chunk, n = 8192 chunks of 227 rows. Larger chunks spend less on
+per-chunk work; the block bounds memory at long n."""
 
 
 @dataclass
@@ -166,12 +171,13 @@ def scan_geometry(
     positional_args: tuple[Any, ...],
     query_positions: Sequence[int] | Tensor | None,
     on_chunk: Callable[[int, Tensor, HeadGeometry], None],
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
     verify: bool = True,
 ) -> Any:
     r"""
     Runs ``model`` once and calls ``on_chunk(k, rows, geometry)`` for each selected
-    layer (``k`` is its index in ``layers``) and each chunk of query ``rows``.
+    layer (``k`` is its index in ``layers``) and each chunk of query ``rows``
+    (``chunk_size`` rows; None: as many as keep ``alpha`` within :data:`CHUNK_ELEMENTS`).
 
     Padded query rows get all-zero ``alpha``; so do padded keys. With ``verify``,
     a few rows of each layer's first chunk go through the self-check
@@ -193,7 +199,8 @@ def scan_geometry(
         if padding is not None and padding.shape[1] == values.shape[2]:  # padded keys may hold NaN states
             values = torch.where(padding.to(device)[:, None, :, None], values, 0.0)
         projections = layers[k].head_projections(call.n_heads, call.compute_dtype).to(device)  # [head, d_head, d_model]
-        for chunk, rows in enumerate(all_rows.split(chunk_size)):
+        per_chunk = chunk_size or max(1, CHUNK_ELEMENTS // (values.shape[0] * call.n_heads * values.shape[2]))
+        for chunk, rows in enumerate(all_rows.split(per_chunk)):
             alpha, mixed = kernel_rows(call, rows) or (call.alpha(rows), None)  # [b, head, row, key], [.., d_head]
             if padding is not None and padding.shape[1] == alpha.shape[-1]:
                 mask = padding.to(device)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from captum_cw.architectures import AttentionLayer
 from captum_cw.capture import AttentionCall
+from captum_cw.geometry import sum_heads
 
 __all__ = ["LayerCheck", "check_layer", "raise_on_mismatch", "tolerance"]
 
@@ -91,7 +92,7 @@ def check_layer(
     bias = getattr(projection, "bias", None)
     if bias is not None:
         projected = projected - bias.detach().to(alpha.dtype)
-    summed = torch.einsum("bhrd,hdm->brm", kernel_heads, projections)  # sum_h o_h from the kernel's output
+    summed = sum_heads(kernel_heads, projections)  # [batch, r, d_model]: sum_h o_h from the kernel's output
     projection_error = _relative_error(summed, projected, real[:, :, None])
     return LayerCheck(layer.index, mixed_error, projection_error, call.output.dtype)
 

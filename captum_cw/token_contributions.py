@@ -81,7 +81,9 @@ class TokenContributions(Attribution):
                     Default: ``"mean"``
         position (int or Sequence[int], optional): the default position to explain,
                     as in :meth:`attribute`. Default: None
-        chunk_size (int, optional): query rows computed at once per layer. Default: 256
+        chunk_size (int, optional): query rows computed at once per layer.
+                    Default: None (as many as keep one block of scores within
+                    :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run the self-check (see :class:`ContributionWeights`).
                     Default: True
 
@@ -101,7 +103,7 @@ class TokenContributions(Attribution):
         metric: str = "cw_inter",
         layer_aggregation: str = "mean",
         position: Position = None,
-        chunk_size: int = 256,
+        chunk_size: int | None = None,
         verify: bool = True,
     ) -> None:
         if layer_aggregation not in LAYER_AGGREGATIONS:

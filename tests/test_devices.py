@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from captum_cw import ContributionWeights, geometry
+from captum_cw import ContributionWeights, geometry, scan
 from tiny_models import FAMILIES, example_inputs
 
 
@@ -29,6 +29,29 @@ def test_only_the_asked_rows_are_computed_in_chunks(llama, monkeypatch):
     shapes.clear()
     ContributionWeights(model, chunk_size=4).attribute(ids, attention_mask=mask)
     assert [shape[2] for shape in shapes] == [4, 4, 1] * 2
+
+
+def test_default_chunks_are_sized_by_the_element_budget(llama, monkeypatch):
+    model, ids, mask = llama  # batch 2, 4 heads, 9 tokens
+    rows = []
+    original = geometry.HeadGeometry.__init__
+
+    def recording(self, alpha, *args, **kwargs):
+        rows.append(alpha.shape[2])
+        original(self, alpha, *args, **kwargs)
+
+    monkeypatch.setattr(geometry.HeadGeometry, "__init__", recording)
+    whole = ContributionWeights(model).attribute(ids, attention_mask=mask)
+    assert rows == [9] * 2  # 2 * 4 * 9 * 9 numbers fit the default budget: one chunk per layer
+    rows.clear()
+    monkeypatch.setattr(scan, "CHUNK_ELEMENTS", 2 * 4 * 9 * 2)  # two rows' worth
+    chunked = ContributionWeights(model).attribute(ids, attention_mask=mask)
+    assert rows == [2, 2, 2, 2, 1] * 2
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+    rows.clear()
+    monkeypatch.setattr(scan, "CHUNK_ELEMENTS", 1)  # less than one row: still one row per chunk
+    ContributionWeights(model, layers=[0]).attribute(ids, attention_mask=mask)
+    assert rows == [1] * 9
 
 
 def test_accelerate_device_map(llama, tmp_path):

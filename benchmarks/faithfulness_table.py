@@ -12,6 +12,9 @@ Gradients takes part) on the three multiple-choice tasks. Each run's raw results
 writes the tables from the examples finished so far without running anything. The text of
 docs/RESULTS.md from its "## What this shows" heading on is kept.
 
+Every table keeps its summary as JSON next to its plot; ``--side-by-side docs/RESULTS.md`` then rewrites that
+file's section setting the paper's order side by side for every model with kept summaries.
+
 Multiple-choice tables say the clean accuracy against chance, warn where the model is at chance or
 the examples are too few, and repeat the AOPCs over the examples the model answers correctly. Runs
 made with --soft add the soft modes' columns; runs made with --save-rankings add the rank agreement
@@ -44,7 +47,8 @@ from captum_cw.tasks import TASKS as TASK_SPECS
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {name: task.kind for name, task in TASK_SPECS.items()}  # each task's kind, as captum_cw defines it
 TEXT_TASKS = [task for task, kind in TASKS.items() if kind == "text"]
-OBSERVATIONS = "## What this shows"
+OBSERVATIONS = "## What this shows"  # the results file's text from here on is kept
+SIDE_BY_SIDE = "## Side by side: the paper's order per model"  # after OBSERVATIONS, rewritten by --side-by-side
 MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma-3-270m": "Gemma-3-270M"}
 
 
@@ -78,9 +82,12 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     plot = plot_folder(args) / f"{folder.name}.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")
+    kept = {"model": args.model, "task": task, "protocol": protocol, "summary": summary}
+    plot.with_suffix(".json").write_text(json.dumps(kept, indent=1) + "\n")  # read by the side-by-side table
     measure = summary["primary"]
     clean = summary.get("clean_accuracy") or summary.get("clean_nll")
-    lines = [f"### {task} ({summary['n_examples']} {'texts' if task in TEXT_TASKS else 'examples'}; clean "
+    lines = [f"### {model_name(args.model)}: {task} ({summary['n_examples']} "
+             f"{'texts' if task in TEXT_TASKS else 'examples'}; clean "
              f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", ""]
     if check := choice_line(summary):
         lines += [check[0].upper() + check[1:], ""]
@@ -109,6 +116,49 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     return lines + ["", f"![{task}, {protocol} level]({link})", ""]
 
 
+def model_name(model: str) -> str:
+    return MODEL_NAMES.get(model, model)
+
+
+def side_by_side(folder: Path) -> list[str]:
+    r"""The section that sets the paper's order at the layer level side by side for every model whose tables
+    were written under ``folder`` (each table keeps its summary as JSON next to its plot)."""
+    found = [json.loads(path.read_text()) for path in sorted(folder.rglob("*.json"))]
+    layer = {(kept["task"], kept["model"]): kept["summary"] for kept in found
+             if isinstance(kept, dict) and kept.get("protocol") == "layer" and "summary" in kept}
+    models = sorted({model for _, model in layer}, key=lambda m: (m != "smollm2-135m", m))
+    rows = []
+    for task in TASKS:
+        for model in models:
+            if (summary := layer.get((task, model))) is None:
+                rows.append((task, model_name(model), "not run", "", "", ""))
+                continue
+            order, check = summary["paper_order"], summary.get("choice_check")
+            clean = (f"accuracy {check['accuracy']:.3f}" + (" (at chance)" if check["at_chance"] else "")
+                     if check else f"NLL {summary['clean_nll']['mean']:.3f}")
+            rows.append((task, model_name(model), str(summary["n_examples"]), clean,
+                         order_verdict(order["comprehensiveness"]), order_verdict(order["sufficiency"])))
+    return [SIDE_BY_SIDE, "",
+            "Does attention < value-weighted < output-normalised < CW (inter-head) hold, by the AOPC of each "
+            "model's layer-level tables (comprehensiveness: larger is more faithful; sufficiency: smaller)? "
+            "Rebuilt from the summaries next to the plots (`faithfulness/**/*.json`) by every run of "
+            "faithfulness_table.py with `--side-by-side`.", "",
+            *markdown_table(["task", "model", "examples", "clean", "comprehensiveness", "sufficiency"], rows), ""]
+
+
+def write_side_by_side(results: Path) -> None:
+    r"""Replaces (or appends) the side-by-side section of ``results`` from the summaries under its faithfulness/."""
+    text = results.read_text() if results.exists() else ""
+    section = "\n".join(side_by_side(results.parent / "faithfulness"))
+    if SIDE_BY_SIDE in text:
+        start = text.index(SIDE_BY_SIDE)
+        end = text.find("\n## ", start + len(SIDE_BY_SIDE))
+        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    results.write_text(text)
+
+
 def markdown_table(header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |"
                                                                             for row in rows]
@@ -129,7 +179,7 @@ def run_options(args) -> str:
 
 def write_results(args) -> str:
     lines = [
-        f"# Faithfulness of token rankings on {MODEL_NAMES.get(args.model, args.model)}",
+        f"# Faithfulness of token rankings on {model_name(args.model)}",
         "",
         f"Model: {args.model}, float32, CPU. AOPC over bins {{1, 5, 10, 20, 50}}% with 95% bootstrap intervals.",
         "Comprehensiveness: higher is more faithful; sufficiency: lower is more faithful. Measure: drop in the",
@@ -188,6 +238,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "out" / "faithfulness"))
     parser.add_argument("--results", default=str(ROOT / "docs" / "RESULTS.md"))
     parser.add_argument("--plots", help="folder of the curves' plots; default: faithfulness/ next to --results")
+    parser.add_argument("--side-by-side", metavar="RESULTS",
+                        help="then rewrite this file's side-by-side section from every model's summaries under its "
+                             "faithfulness/ folder (e.g. docs/RESULTS.md)")
     args = parser.parse_args()
 
     for task in args.tasks if not args.report_only else []:
@@ -197,6 +250,8 @@ def main() -> None:
             run(task, "input", args.input_limit, args)
         write_results(args)
     print(write_results(args))
+    if args.side_by_side:
+        write_side_by_side(Path(args.side_by_side))
 
 
 if __name__ == "__main__":

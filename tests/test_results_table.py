@@ -9,6 +9,7 @@ import pytest
 
 from captum_cw.evaluation import EvaluationConfig, evaluate
 from captum_cw.evaluation.protocols import ProtocolConfig
+from captum_cw.evaluation.report import order_verdict, summarize
 from captum_cw.evaluation.runner import read_records
 from captum_cw.models import load_model
 from conftest import TEST_DATA
@@ -35,7 +36,8 @@ def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tin
     assert completed.returncode == 0, completed.stderr
     text = results.read_text()
     assert "old tables" not in text and text.rstrip().endswith("## What this shows\n\nhand-written findings")
-    assert "### mmlu (1 examples;" in text and "### gsm8k (1 texts;" in text and "### mmlu (2 examples;" in text
+    assert "### SmolLM2-135M: mmlu (1 examples;" in text and "### SmolLM2-135M: gsm8k (1 texts;" in text
+    assert "### SmolLM2-135M: mmlu (2 examples;" in text
     first = read_records(tmp_path / "mmlu")[0]["results"]["cw_inter"]["comprehensiveness"]
     aopc = (first["10"]["prob_drop"] + first["50"]["prob_drop"]) / 2  # one example: the interval collapses to it
     assert f"| cw_inter | {aopc:.4f} [{aopc:.4f}, {aopc:.4f}] |" in text
@@ -45,5 +47,30 @@ def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tin
     gap = statistics.median(abs(c["attribution_sum"] - c["output_change"]) for c in checks)
     assert f"IG completeness (2 of 2 examples record it): median |sum of attributions - (f(x) - f(baseline))| = " \
            f"{gap:.3g}," in input_section
-    assert sorted(p.name for p in (tmp_path / "faithfulness").iterdir()) == ["gsm8k.png", "mmlu.png", "mmlu_input.png"]
+    assert sorted(p.name for p in (tmp_path / "faithfulness").iterdir()) == [
+        "gsm8k.json", "gsm8k.png", "mmlu.json", "mmlu.png", "mmlu_input.json", "mmlu_input.png"]
     assert "![mmlu, input level](faithfulness/mmlu_input.png)" in input_section
+    assert "Side by side" not in text  # only with --side-by-side
+
+    # a second model's tables in their own file, then the side-by-side section of the first file from both
+    second = tmp_path / "RESULTS_OTHER.md"
+    command = [sys.executable, str(SCRIPT), "--report-only", "--out", str(tmp_path), "--model", "other-model",
+               "--results", str(second), "--plots", str(tmp_path / "faithfulness" / "other-model"),
+               "--tasks", "mmlu", "--choice-limit", "2", "--input-limit", "0", "--side-by-side", str(results)]
+    for _ in range(2):  # the section is replaced, not appended twice
+        completed = subprocess.run(command, capture_output=True, text=True)
+        assert completed.returncode == 0, completed.stderr
+    assert "### other-model: mmlu (2 examples;" in second.read_text()
+    text = results.read_text()
+    assert text.count("## Side by side") == 1 and "hand-written findings" in text
+    section = text[text.index("## Side by side"):]
+    for model, n in (("SmolLM2-135M", 1), ("other-model", 2)):
+        summary = summarize(read_records(tmp_path / "mmlu")[:n])
+        order = summary["paper_order"]
+        row = next(line for line in section.splitlines() if line.startswith(f"| mmlu | {model} |"))
+        check = summary["choice_check"]
+        clean = f"accuracy {check['accuracy']:.3f}" + (" (at chance)" if check["at_chance"] else "")
+        assert row == (f"| mmlu | {model} | {n} | {clean} | {order_verdict(order['comprehensiveness'])} | "
+                       f"{order_verdict(order['sufficiency'])} |")
+    assert "| gsm8k | SmolLM2-135M | 1 | NLL" in section and "| gsm8k | other-model | not run |" in section
+    assert "| mmlu_input" not in section and "| winogrande | SmolLM2-135M | not run |" in section

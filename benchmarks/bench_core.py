@@ -50,11 +50,11 @@ def interleaved_times(functions: dict[str, Callable[[], object]], repeats: int) 
 
 
 def ratio_cell(numerator: list[float], denominator: list[float]) -> str:
-    """The median of the per-repeat ratios (each repeat's two runs are neighbours in time, so a change in the
-    machine's load hits both), their interquartile range, and the ratio of the two fastest runs (interference
-    only ever adds time)."""
+    """The median of the per-repeat ratios (a change in the machine's load hits both runs of a repeat, most of all
+    when they are neighbours in time), their interquartile range, and the ratio of the two fastest runs
+    (interference only ever adds time)."""
     ratios = [a / b for a, b in zip(numerator, denominator)]
-    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    low, _, high = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else (ratios[0],) * 3
     return f"{statistics.median(ratios):.2f}x ({low:.2f}-{high:.2f}; fastest {min(numerator) / min(denominator):.2f}x)"
 
 
@@ -170,9 +170,10 @@ def main() -> None:
                 model.set_attn_implementation(implementation)  # eager hands its own weights to the scan
                 which.attribute(ids, additional_forward_args=no_cache)
 
+            # each CW next to the forward of its own model (the headline ratio, CW on eager / eager forward)
             runs = interleaved_times({"sdpa": lambda: forward("sdpa"), "cw": lambda: contribution_weights(attributor),
                                       "unchecked": lambda: contribution_weights(unchecked),
-                                      "eager": lambda: forward("eager"),  # next to the run it is compared with
+                                      "eager": lambda: forward("eager"),
                                       "cw_eager": lambda: contribution_weights(attributor, "eager")}, args.repeats)
             times = {name: statistics.median(values) for name, values in runs.items()}
             lines.append(f"| {n} | {times['sdpa']:.3f} | {times['eager']:.3f} | {times['cw']:.3f} | "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = {name: task.kind for name, task in TASK_SPECS.items()}  # each task's kind, as captum_cw defines it
 TEXT_TASKS = [task for task, kind in TASKS.items() if kind == "text"]
 OBSERVATIONS = "## What this shows"  # the results file's text from here on is kept
-SIDE_BY_SIDE = "## Side by side: the paper's order per model"  # after OBSERVATIONS, rewritten by --side-by-side
+SIDE_BY_SIDE = "## Side by side: the paper's order per model"  # kept like OBSERVATIONS; rewritten by --side-by-side
 MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma-3-270m": "Gemma-3-270M"}
 
 
@@ -83,7 +84,7 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")
     kept = {"model": args.model, "task": task, "protocol": protocol, "summary": summary}
-    plot.with_suffix(".json").write_text(json.dumps(kept, indent=1) + "\n")  # read by the side-by-side table
+    write_atomically(plot.with_suffix(".json"), json.dumps(kept, indent=1) + "\n")  # read by side_by_side
     measure = summary["primary"]
     clean = summary.get("clean_accuracy") or summary.get("clean_nll")
     lines = [f"### {model_name(args.model)}: {task} ({summary['n_examples']} "
@@ -123,9 +124,20 @@ def model_name(model: str) -> str:
 def side_by_side(folder: Path) -> list[str]:
     r"""The section that sets the paper's order at the layer level side by side for every model whose tables
     were written under ``folder`` (each table keeps its summary as JSON next to its plot)."""
-    found = [json.loads(path.read_text()) for path in sorted(folder.rglob("*.json"))]
-    layer = {(kept["task"], kept["model"]): kept["summary"] for kept in found
-             if isinstance(kept, dict) and kept.get("protocol") == "layer" and "summary" in kept}
+    layer: dict[tuple[str, str], dict] = {}
+    source: dict[tuple[str, str], Path] = {}
+    for path in sorted(folder.rglob("*.json")):
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise SystemExit(f"{path} is not a readable summary ({error}); rerun its table or remove it.") from None
+        if not (isinstance(kept, dict) and kept.get("protocol") == "layer" and "summary" in kept):
+            continue
+        key = (kept["task"], kept["model"])
+        if key in source:
+            raise SystemExit(f"{source[key]} and {path} both summarise {key[1]} on {key[0]} at the layer level; "
+                             "remove the stale one.")
+        layer[key], source[key] = kept["summary"], path
     models = sorted({model for _, model in layer}, key=lambda m: (m != "smollm2-135m", m))
     rows = []
     for task in TASKS:
@@ -146,17 +158,30 @@ def side_by_side(folder: Path) -> list[str]:
             *markdown_table(["task", "model", "examples", "clean", "comprehensiveness", "sufficiency"], rows), ""]
 
 
+def section_heading(text: str, heading: str) -> re.Match | None:
+    r"""Where ``heading`` stands as a line of its own in ``text``, if it does."""
+    return re.search(rf"^{re.escape(heading)}[ \t]*$", text, flags=re.MULTILINE)
+
+
 def write_side_by_side(results: Path) -> None:
-    r"""Replaces (or appends) the side-by-side section of ``results`` from the summaries under its faithfulness/."""
+    r"""Replaces (or appends) the side-by-side section of ``results`` from the summaries under its faithfulness/;
+    the section runs to the next heading of level 1 or 2."""
     text = results.read_text() if results.exists() else ""
-    section = "\n".join(side_by_side(results.parent / "faithfulness"))
-    if SIDE_BY_SIDE in text:
-        start = text.index(SIDE_BY_SIDE)
-        end = text.find("\n## ", start + len(SIDE_BY_SIDE))
-        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
+    section = "\n".join(side_by_side(results.parent / "faithfulness")).rstrip("\n")
+    if found := section_heading(text, SIDE_BY_SIDE):
+        after = re.search(r"^#{1,2} ", text[found.end():], flags=re.MULTILINE)
+        rest = text[found.end() + after.start():] if after else ""
+        text = text[:found.start()] + section + ("\n\n" + rest if rest else "\n")
     else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    results.write_text(text)
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + section + "\n"
+    write_atomically(results, text)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    r"""Writes ``text`` to ``path`` through a temporary file and a rename: a reader never sees half a file."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def markdown_table(header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
@@ -197,6 +222,7 @@ def write_results(args) -> str:
         "but them (sufficiency) by value masking, at all layers at once",
         "",
     ]
+    tables = len(lines)
     for task in args.tasks:
         lines += task_table(task, "layer", task_limit(task, args), args)
     input_tasks = [task for task in args.tasks if TASKS[task] == "choice"]
@@ -210,11 +236,15 @@ def write_results(args) -> str:
             lines += task_table(task, "input", args.input_limit, args)
     results = Path(args.results)
     previous = results.read_text() if results.exists() else ""
-    if OBSERVATIONS in previous:
-        lines.append(previous[previous.index(OBSERVATIONS):].rstrip("\n"))
+    if len(lines) == tables and previous:
+        print(f"No finished examples under {args.out} for {args.model}: {results} is left as it is.", file=sys.stderr)
+        return previous
+    kept = [found.start() for heading in (OBSERVATIONS, SIDE_BY_SIDE) if (found := section_heading(previous, heading))]
+    if kept:
+        lines.append(previous[min(kept):].rstrip("\n"))
     text = "\n".join(lines) + "\n"
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(text)
+    write_atomically(results, text)
     return text
 
 

@@ -87,8 +87,8 @@ class HeadGeometry:
 
     def _pull_back(self, direction: Tensor) -> Tensor:
         r"""``W_O[h] direction[h|1, i]``: ``(batch, head, row, d_head)``, so that ``<direction, vt[h, j]>``
-        is its dot product with ``v[h, j]``. Both forms are plain products on a transposed view of ``W_O``,
-        which BLAS reads as it lies, without a copy per chunk."""
+        is its dot product with ``v[h, j]``. A direction shared by all heads (inter-head) is one product with a
+        transposed view of ``W_O``, which BLAS reads as it lies, without a copy per chunk."""
         heads, d_head, d_model = self.head_projections.shape
         if direction.shape[1] == 1:  # one direction for all heads: (row, d_model) x (d_model, head * d_head)
             pulled = direction.squeeze(1) @ self.head_projections.reshape(heads * d_head, d_model).t()

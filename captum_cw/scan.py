@@ -17,8 +17,9 @@ from captum_cw.self_check import LayerCheck, check_layer, raise_on_mismatch
 __all__ = ["CHUNK_ELEMENTS", "ModelInputs", "check_inputs", "prepare_inputs", "resolve_positions", "scan_geometry"]
 
 CHUNK_ELEMENTS = 2**24
-r"""Numbers in one ``(batch, head, row, key)`` block of scores (64 MiB in float32) when the chunk size is not
-given: n = 512 with 9 heads is one chunk, n = 8192 chunks of 227 rows. Larger chunks spend less on
+r"""Numbers in one ``(batch, head, row, key)`` block when the chunk size is not given (at least one row): n = 512
+with 9 heads is one chunk, n = 8192 chunks of 227 rows. A chunk holds a few such blocks at once (alpha, the
+scores, their product), about 4-5 x 64 MiB in float32 and twice that in float64. Larger chunks spend less on
 per-chunk work; the block bounds memory at long n."""
 
 

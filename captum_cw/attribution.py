@@ -193,6 +193,12 @@ class MetricAttribution(Attribution):
                     store(found, metric.name, k, slots, values if per_head else self._reduce_heads(values, metric))
 
         output = self._scan(model_inputs, positional, query_positions, on_chunk)
+        for name, values in found.items():
+            finite = values.isfinite().flatten(2).all(-1).all(0)  # [n_layers]
+            if not bool(finite.all()):
+                layer = self.layers[int((~finite).nonzero()[0])]
+                raise ValueError(f"{name} scores at layer {layer} are NaN or inf: the model's own attention there is "
+                                 "not finite on these inputs (run model(...) alone to see it). No scores returned.")
         return found, expected, output
 
     @staticmethod

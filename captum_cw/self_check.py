@@ -39,6 +39,7 @@ class LayerCheck:
     mixed_error: Tensor  # max |alpha @ V - kernel output| / max |kernel output|
     projection_error: Tensor  # max |sum_h o_h - (W_O module - bias)| / max |W_O module - bias|
     dtype: torch.dtype
+    kernel_finite: Tensor  # whether the kernel's own output is finite on the checked real rows
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -85,6 +86,7 @@ def check_layer(
     kernel_heads = kernel.transpose(1, 2).to(alpha.dtype)  # [batch, head, r, d_head]
     mixed = alpha.index_select(2, picked) @ values  # [batch, head, r, d_head]
     mixed_error = _relative_error(mixed, kernel_heads, real[:, None, :, None])
+    kernel_finite = torch.where(real[:, None, :, None], kernel_heads.isfinite(), True).all()
 
     projection = layer.output_projection
     with torch.no_grad():
@@ -94,7 +96,7 @@ def check_layer(
         projected = projected - bias.detach().to(alpha.dtype)
     summed = sum_heads(kernel_heads, projections)  # [batch, r, d_model]: sum_h o_h from the kernel's output
     projection_error = _relative_error(summed, projected, real[:, :, None])
-    return LayerCheck(layer.index, mixed_error, projection_error, call.output.dtype)
+    return LayerCheck(layer.index, mixed_error, projection_error, call.output.dtype, kernel_finite)
 
 
 def raise_on_mismatch(checks: list[LayerCheck]) -> None:
@@ -106,9 +108,18 @@ def raise_on_mismatch(checks: list[LayerCheck]) -> None:
     """
     if not checks:
         return
-    errors = torch.stack([torch.stack([c.mixed_error, c.projection_error]).float().cpu() for c in checks]).tolist()
-    for check, (mixed_error, projection_error) in zip(checks, errors):
+    errors = torch.stack([torch.stack([c.mixed_error.float(), c.projection_error.float(), c.kernel_finite.float()])
+                          .cpu() for c in checks]).tolist()
+    for check, (mixed_error, projection_error, kernel_finite) in zip(checks, errors):
         limit = tolerance(check.dtype)
+        if not kernel_finite:
+            raise ValueError(
+                f"Self-check failed at layer {check.layer}: the model's own attention output is NaN or inf on real "
+                "tokens, so no scores can describe it. Likely cause: padded rows that the model itself computes as "
+                "NaN (e.g. a left-padded model cast to float64 after loading, whose fully masked rows turn into NaN "
+                "and reach real tokens at the next layer), or non-finite weights. Check that model(...) alone gives "
+                "finite outputs on these inputs, or pass them without padding."
+            )
         if not mixed_error <= limit:  # also catches NaN
             raise ValueError(
                 f"Self-check failed at layer {check.layer}: the recomputed attention (alpha @ V) differs from the "

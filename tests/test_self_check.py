@@ -62,6 +62,26 @@ def test_a_wrong_weight_layout_is_caught():
     _scan(model, layers, ids)
 
 
+def test_a_model_whose_own_attention_output_is_nan_is_named():
+    model = FAMILIES["llama"].build()
+    ids, mask = example_inputs(FAMILIES["llama"])
+
+    def poison(module, args, output):  # one real token's state turns NaN after layer 0, as a float64 cast of
+        hidden = output[0] if isinstance(output, tuple) else output  # a left-padded model makes its padded rows
+        hidden[1, 5] = float("nan")  # do (they then reach real tokens)
+
+    handle = model.model.layers[0].register_forward_hook(poison)
+    try:
+        with pytest.raises(ValueError, match=r"at layer 1: the model's own attention output is NaN or inf on real "
+                                             r"tokens.*model\(\.\.\.\) alone"):
+            ContributionWeights(model).attribute(ids, attention_mask=mask)
+        with pytest.raises(ValueError, match=r"cw_inter scores at layer 1 are NaN or inf"):  # unchecked: not silent
+            ContributionWeights(model, verify=False).attribute(ids, attention_mask=mask)
+    finally:
+        handle.remove()
+    ContributionWeights(model).attribute(ids, attention_mask=mask)
+
+
 def test_an_intervention_that_replaced_the_output_is_caught():
     from captum_cw.interventions import mask_values
 

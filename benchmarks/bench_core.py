@@ -3,8 +3,9 @@
     python benchmarks/bench_core.py [--repeats 11] [--lengths 128 512 2048]
 
 Writes its sections of benchmarks/RESULTS.md (and prints them), keeping the evaluator benchmark's. In the CW vs
-forward table the four runs (sdpa and eager forwards, CW with and without the self-check) take turns, so that a
-change in the machine's load hits them alike; every figure is a median over repeats after a warm-up.
+forward table the five runs (sdpa and eager forwards, CW on each, CW on sdpa without the self-check) take turns,
+each CW next to its forward, so that a change in the machine's load hits them alike; every figure is a median over
+repeats after a warm-up, every ratio the median of the per-repeat ratios.
 """
 
 from __future__ import annotations

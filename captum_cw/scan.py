@@ -164,7 +164,6 @@ def kernel_rows(call: AttentionCall, rows: Tensor) -> tuple[Tensor, Tensor] | No
     return alpha, mixed
 
 
-
 def scan_geometry(
     model: nn.Module,
     layers: Sequence[AttentionLayer],

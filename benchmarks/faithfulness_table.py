@@ -79,7 +79,7 @@ def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
     records = read_records(folder)[:limit]
     if not records:
         return []
-    summary = summarize(records)
+    summary = summarize(records, answers=TASK_SPECS[task].answers)
     plot = plot_folder(args) / f"{folder.name}.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")

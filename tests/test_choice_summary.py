@@ -9,6 +9,7 @@ import pytest
 from captum_cw.cli import main
 from captum_cw.evaluation.report import aopc_cells, choice_check, summarize, summary_lines
 from captum_cw.statistics import bootstrap_interval, wilson_interval
+from captum_cw.tasks import TASKS, load_examples
 from conftest import TEST_DATA
 
 
@@ -82,6 +83,11 @@ def test_models_at_chance_are_flagged():
     check = choice_check(constant)
     assert check["accuracy_low"] > 0.25 and check["most_frequent_share"] == 1 and check["at_chance"] is True
     assert summarize(constant)["warnings"] == ["the model is at chance: it gives answer 0 to 100% of the examples."]
+    named = summarize(constant, answers=TASKS["mmlu"].answers)
+    assert named["choice_check"]["most_frequent_answer_name"] == "A"
+    assert named["warnings"] == ["the model is at chance: it gives answer A to 100% of the examples."]
+    assert "the model's most frequent answer (A) makes 100% of its predictions" in "\n".join(
+        summary_lines(named, "mmlu"))
     mixed_chance = [_record(0, 0, 0, 4, (0, 0), (0, 0)), _record(1, 1, 1, 2, (0, 0), (0, 0))]
     assert choice_check(mixed_chance)["chance"] == pytest.approx((0.25 + 0.5) / 2)
     nobody_right = [_record(i, 1, 0, 2, (0.1, 0.2), (0.3, 0.4)) for i in range(3)]
@@ -98,7 +104,8 @@ def test_the_command_line_prints_the_checks(tiny_llm_dir, tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "boolq: 3 examples; AOPC of prob_drop (95% bootstrap interval)"
     assert printed[1] == "warning: only 3 examples: below 30 the 95% intervals are unreliable."
-    assert any(line.startswith("Clean accuracy ") and "against chance 0.500" in line for line in printed)
+    clean = next(line for line in printed if line.startswith("Clean accuracy "))
+    assert "against chance 0.500" in clean and any(f"most frequent answer ({a})" in clean for a in ("no", "yes"))
     header = next(line for line in printed if line.strip().startswith("metric") and "soft sufficiency" in line)
     assert "comprehensiveness AOPC (prob_drop)" in header and "soft comprehensiveness (prob_drop)" in header
     agreement = printed.index("Rank agreement with cw_inter (mean over examples, 95% bootstrap interval):")
@@ -107,3 +114,13 @@ def test_the_command_line_prints_the_checks(tiny_llm_dir, tmp_path, capsys):
     for line in printed[agreement + 2:agreement + 4]:  # metric, tau [low, high], rho [low, high]
         words = line.split()
         assert math.isfinite(float(words[1])) and math.isfinite(float(words[4]))
+
+
+@pytest.mark.parametrize("task", [name for name, task in TASKS.items() if task.kind == "choice"])
+def test_every_choice_task_names_each_of_its_choices(task):
+    names = TASKS[task].answers
+    assert len(set(names)) == len(names) and all(names)
+    for example in load_examples(task, data_dir=TEST_DATA):
+        assert len(example.continuations) == len(names)
+    if task in ("mmlu", "boolq"):  # the names are the answers the model writes
+        assert [c.strip() for c in example.continuations] == list(names)

@@ -69,6 +69,7 @@ class ChoiceCheck(TypedDict):
     accuracy_high: float
     chance: float  # mean over examples of 1 / number of choices
     most_frequent_answer: int  # the model's most frequent prediction
+    most_frequent_answer_name: NotRequired[str]  # its name in the task ("A", "yes"; see Task.answers)
     most_frequent_share: float  # its share of the predictions
     majority_label_share: float  # accuracy of always giving the most frequent correct answer
     at_chance: bool

@@ -26,6 +26,7 @@ from captum_cw.evaluation.records import (
 )
 from captum_cw.plotting import plot_curves
 from captum_cw.statistics import Interval, bootstrap_interval, mean_interval, wilson_interval
+from captum_cw.tasks import TASKS
 
 __all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_reference", "aopc_cells",
            "aopc_header",
@@ -84,7 +85,7 @@ def _answered(record: Record) -> bool:
     return choice_clean(record)["prediction"] == record["label"]
 
 
-def choice_check(records: list[Record]) -> ChoiceCheck:
+def choice_check(records: list[Record], answers: Sequence[str] = ()) -> ChoiceCheck:
     r"""
     Whether the model does better than chance on multiple-choice records. ``at_chance`` (not shown to beat
     chance) when the lower end of the accuracy's 95% Wilson interval is at or below chance (the mean over
@@ -97,10 +98,18 @@ def choice_check(records: list[Record]) -> ChoiceCheck:
     chance = float(np.mean([1 / len(choice_clean(r)["logliks"]) for r in records]))
     answer, count = Counter(choice_clean(r)["prediction"] for r in records).most_common(1)[0]
     majority = Counter(r["label"] for r in records).most_common(1)[0][1]
-    return ChoiceCheck(accuracy=correct / n, accuracy_low=low, accuracy_high=high, chance=chance,
-                       most_frequent_answer=int(answer), most_frequent_share=count / n,
-                       majority_label_share=majority / n,
-                       at_chance=bool(low <= chance or count / n >= AT_CHANCE_SHARE))
+    check = ChoiceCheck(accuracy=correct / n, accuracy_low=low, accuracy_high=high, chance=chance,
+                        most_frequent_answer=int(answer), most_frequent_share=count / n,
+                        majority_label_share=majority / n,
+                        at_chance=bool(low <= chance or count / n >= AT_CHANCE_SHARE))
+    if answers:
+        check["most_frequent_answer_name"] = answers[int(answer)]
+    return check
+
+
+def _answer_name(check: ChoiceCheck) -> str:
+    r"""The most frequent answer as the task names it ("A", "yes"), else its index."""
+    return check.get("most_frequent_answer_name", str(check["most_frequent_answer"]))
 
 
 def summary_warnings(summary: Summary) -> list[str]:
@@ -112,7 +121,7 @@ def summary_warnings(summary: Summary) -> list[str]:
     check = summary.get("choice_check")
     if check is not None and check["at_chance"]:
         if check["most_frequent_share"] >= AT_CHANCE_SHARE:
-            warnings.append(f"the model is at chance: it gives answer {check['most_frequent_answer']} to "
+            warnings.append(f"the model is at chance: it gives answer {_answer_name(check)} to "
                             f"{check['most_frequent_share']:.0%} of the examples.")
         else:
             warnings.append(f"the model is at chance: clean accuracy {check['accuracy']:.3f} (95% interval "
@@ -125,14 +134,15 @@ def summary_warnings(summary: Summary) -> list[str]:
     return warnings
 
 
-def summarize(records: list[Record], seed: int = 0) -> Summary:
+def summarize(records: list[Record], seed: int = 0, answers: Sequence[str] = ()) -> Summary:
     r"""
     Per metric, mode and bin the mean of every measure with a 95% bootstrap
     interval over examples; per metric and mode the AOPC (the mean over bins,
     taken per example first), and the soft modes' measures when the records hold them.
 
-    Multiple choice adds the clean accuracy against chance (:func:`choice_check`) and the same AOPCs
-    over the examples the model answers correctly (``"correct"``). Records with ``rankings`` add the
+    Multiple choice adds the clean accuracy against chance (:func:`choice_check`; ``answers`` name the
+    choices, e.g. a task's :attr:`~captum_cw.tasks.Task.answers`) and the same AOPCs over the examples the
+    model answers correctly (``"correct"``). Records with ``rankings`` add the
     rank agreement of every pair of metrics. ``"warnings"`` says what makes the numbers unreliable.
     """
     if not records:  # no examples: no kind, primary measure or paper order to state
@@ -149,7 +159,7 @@ def summarize(records: list[Record], seed: int = 0) -> Summary:
         summary["soft"] = soft
     if kind == "choice":
         summary["clean_accuracy"] = mean_interval([float(_answered(r)) for r in records], seed)
-        summary["choice_check"] = choice_check(records)
+        summary["choice_check"] = choice_check(records, answers)
         correct = [r for r in records if _answered(r)]
         summary["correct"] = {"n_examples": len(correct), "aopc": _curves(correct, seed)[1] if correct else {}}
         if soft and correct:
@@ -240,7 +250,7 @@ def choice_line(summary: Summary) -> str:
         return ""
     return (f"clean accuracy {check['accuracy']:.3f} (95% Wilson interval [{check['accuracy_low']:.3f}, "
             f"{check['accuracy_high']:.3f}]) against chance {check['chance']:.3f}; the model's most frequent "
-            f"answer ({check['most_frequent_answer']}) makes {check['most_frequent_share']:.0%} of its predictions "
+            f"answer ({_answer_name(check)}) makes {check['most_frequent_share']:.0%} of its predictions "
             f"(most frequent correct answer: {check['majority_label_share']:.0%}); "
             f"{summary.get('correct', {}).get('n_examples', 0)} answered correctly"
             f"{': at chance' if check['at_chance'] else ''}.")
@@ -324,7 +334,7 @@ def write_report(records: list[Record | Skipped], config, out: Path) -> Summary:
     """
     skipped = [{"id": r["id"], "reason": r["skipped"]} for r in records if "skipped" in r]
     scored = [r for r in records if "skipped" not in r]
-    summary = summarize(scored, seed=config.protocol.seed)
+    summary = summarize(scored, seed=config.protocol.seed, answers=TASKS[config.task].answers)
     summary["skipped"] = skipped
     summary["config"] = config.to_json()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

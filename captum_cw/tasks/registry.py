@@ -57,6 +57,7 @@ class Task:
     local_file: str  # file name under data_dir
     build: Callable[[int, dict], Example]
     kind: Kind
+    answers: tuple[str, ...] = ()  # multiple choice: each choice's name in reports ("A", "yes", ...)
 
 
 def _mmlu(index: int, row: dict) -> Example:
@@ -89,10 +90,10 @@ def _fineweb_edu(index: int, row: dict) -> Example:
 
 
 TASKS: dict[str, Task] = {
-    "mmlu": Task("mmlu", ("cais/mmlu", "all"), "test", "mmlu_test.jsonl", _mmlu, "choice"),
+    "mmlu": Task("mmlu", ("cais/mmlu", "all"), "test", "mmlu_test.jsonl", _mmlu, "choice", ("A", "B", "C", "D")),
     "winogrande": Task("winogrande", ("allenai/winogrande", "winogrande_xl"), "validation", "winogrande_dev.jsonl",
-                       _winogrande, "choice"),
-    "boolq": Task("boolq", ("google/boolq",), "validation", "boolq_validation.jsonl", _boolq, "choice"),
+                       _winogrande, "choice", ("option 1", "option 2")),
+    "boolq": Task("boolq", ("google/boolq",), "validation", "boolq_validation.jsonl", _boolq, "choice", ("no", "yes")),
     "gsm8k": Task("gsm8k", ("openai/gsm8k", "main"), "test", "gsm8k_test.jsonl", _gsm8k, "text"),
     "fineweb_edu": Task("fineweb_edu", ("HuggingFaceFW/fineweb-edu", "sample-10BT"), "train",
                         "fineweb_edu_sample.jsonl", _fineweb_edu, "text"),

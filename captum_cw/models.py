@@ -182,7 +182,7 @@ def _hub_unreachable() -> bool:
     Whether the hub's host name does not resolve (no network, no proxy): huggingface_hub would then retry
     every file for about half a minute before giving up.
     """
-    if "https" in urllib.request.getproxies():
+    if {"https", "all"} & urllib.request.getproxies().keys():
         return False  # a proxy resolves the name, not this machine
     try:
         socket.getaddrinfo(urlparse(hub_constants.ENDPOINT).hostname or "", 443)

@@ -182,6 +182,7 @@ def test_hub_id_without_network_loads_from_the_local_cache(no_network, tmp_path,
         assert torch.equal(model(ids).logits, reference(ids).logits)
 
 
-def test_behind_a_proxy_the_hub_is_not_judged_by_local_name_lookup(no_network, monkeypatch):
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+@pytest.mark.parametrize("variable", ["HTTPS_PROXY", "ALL_PROXY"])
+def test_behind_a_proxy_the_hub_is_not_judged_by_local_name_lookup(no_network, monkeypatch, variable):
+    monkeypatch.setenv(variable, "http://proxy.example:3128")
     assert not models._hub_unreachable() and no_network == []  # the proxy resolves names

@@ -179,13 +179,16 @@ def _dequantized(name: str) -> Path | None:
 
 def _hub_unreachable() -> bool:
     r"""
-    Whether the hub's host name does not resolve (no network, no proxy): huggingface_hub would then retry
-    every file for about half a minute before giving up.
+    Whether the hub's host name does not resolve here, with no proxy to resolve it: huggingface_hub would
+    then retry every file for about half a minute before giving up.
     """
-    if {"https", "all"} & urllib.request.getproxies().keys():
-        return False  # a proxy resolves the name, not this machine
+    endpoint = urlparse(hub_constants.ENDPOINT)
+    host = endpoint.hostname or ""
+    proxied = {endpoint.scheme, "all"} & urllib.request.getproxies().keys()
+    if proxied and not urllib.request.proxy_bypass(host):
+        return False
     try:
-        socket.getaddrinfo(urlparse(hub_constants.ENDPOINT).hostname or "", 443)
+        socket.getaddrinfo(host, None)
     except OSError:
         return True
     return False
@@ -205,6 +208,23 @@ def _hub_options(name: str) -> dict[str, bool]:
         raise ValueError(f"no local folder or offline model named {name!r}; known offline models: "
                          f"{', '.join(OFFLINE_MODELS)}; hub ids need network (hub: {reason})") from error
     return {"local_files_only": True} if unreachable else {}
+
+
+@contextlib.contextmanager
+def _incomplete_copy_named(name: str, hub_options: dict[str, bool],
+                           errors: tuple[type[Exception], ...]) -> Iterator[None]:
+    r"""
+    Where hub id ``name`` loads from the local cache alone, a file missing there (``errors``) is named as
+    such: transformers' own message can point elsewhere (e.g. at sentencepiece for a missing tokenizer).
+    """
+    try:
+        yield
+    except errors as error:
+        if not hub_options:
+            raise
+        first_line = str(error).strip().partition("\n")[0]
+        raise ValueError(f"{hub_constants.ENDPOINT} cannot be reached and the local cache holds only part of "
+                         f"{name!r} ({first_line}); load it once with network, or pass a local folder") from error
 
 
 def load_model(
@@ -258,8 +278,10 @@ def load_model(
     auto = AutoModelForCausalLM if causal else AutoModel
     with gguf as folder:
         source = str(folder) if folder else source
-        tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options, **hub_options)
-        model: nn.Module = auto.from_pretrained(source, **tokenizer_options, **hub_options, **options)
+        with _incomplete_copy_named(name, hub_options, (OSError, ValueError)):
+            tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options, **hub_options)
+        with _incomplete_copy_named(name, hub_options, (OSError,)):
+            model: nn.Module = auto.from_pretrained(source, **tokenizer_options, **hub_options, **options)
     if device is not None and device_map is None:
         model = model.to(device)
     if name in OFFLINE_MODELS and OFFLINE_MODELS[name].add_bos_token is not None:

@@ -88,6 +88,9 @@ def test_models_at_chance_are_flagged():
     assert named["warnings"] == ["the model is at chance: it gives answer A to 100% of the examples."]
     assert "the model's most frequent answer (A) makes 100% of its predictions" in "\n".join(
         summary_lines(named, "mmlu"))
+    assert "most_frequent_answer_name" not in choice_check(constant, answers=())
+    answering_1 = [_record(0, 1, 1, 2, (0.1, 0.2), (0.3, 0.4))]
+    assert "most_frequent_answer_name" not in choice_check(answering_1, answers=("A",))  # 1 has no name
     mixed_chance = [_record(0, 0, 0, 4, (0, 0), (0, 0)), _record(1, 1, 1, 2, (0, 0), (0, 0))]
     assert choice_check(mixed_chance)["chance"] == pytest.approx((0.25 + 0.5) / 2)
     nobody_right = [_record(i, 1, 0, 2, (0.1, 0.2), (0.3, 0.4)) for i in range(3)]

@@ -1,8 +1,10 @@
 """Model loading: offline names, local paths, the cache of de-quantised GGUF models, a missing wheel, no network."""
 
 import importlib.util
+import re
 import shutil
 import socket
+from urllib.parse import urlparse
 
 import pytest
 import torch
@@ -129,19 +131,26 @@ def test_gemma_is_dequantized_once_into_the_cache_like_a_direct_gguf_load(tmp_pa
     assert delta.abs().max() < 1e-5
 
 
-def _fake_hub_cache(tmp_path, model_dir, repo_id):
-    r"""A hub cache (the layout huggingface_hub writes) holding the files of ``model_dir`` as ``repo_id``."""
+def _fake_hub_cache(tmp_path, model_dir, repo_id, keep=lambda path: True):
+    r"""A hub cache (the layout huggingface_hub writes) holding the files of ``model_dir`` that ``keep``."""
     repo = tmp_path / f"models--{repo_id.replace('/', '--')}"
     revision = "0" * 40
-    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for path in model_dir.iterdir():
+        if keep(path):
+            shutil.copy(path, snapshot / path.name)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
     return tmp_path
 
 
+HUB_HOST = urlparse(hub_constants.ENDPOINT).hostname
+
+
 @pytest.fixture
 def no_network(monkeypatch):
-    r"""Host names do not resolve; yields the list of names looked up (a request going out looks one up too)."""
+    r"""Host names do not resolve, no proxy is set; yields the names looked up (a request looks one up too)."""
     looked_up = []
 
     def unresolvable(host, *args, **kwargs):
@@ -149,8 +158,9 @@ def no_network(monkeypatch):
         raise socket.gaierror(-2, "Name or service not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", unresolvable)
-    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
     return looked_up
 
 
@@ -159,14 +169,14 @@ def _assert_no_retries(looked_up):
     Our check, and at most huggingface_hub's one look-up per process for its user-agent registry: a file
     requested from the hub would be looked up six times (five retries, half a minute).
     """
-    assert 1 <= len(looked_up) <= 2 and set(looked_up) == {"huggingface.co"}
+    assert 1 <= len(looked_up) <= 2 and set(looked_up) == {HUB_HOST}
 
 
 def test_hub_id_without_network_fails_at_once_naming_the_cache(no_network, tmp_path, monkeypatch):
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ValueError, match=r"known offline models: smollm2-135m, .*hub ids need network \(hub: "
-                                         r"https://huggingface.co cannot be reached and the local cache has no "
-                                         r"'someone/not-cached'\)"):
+                                         + re.escape(f"{hub_constants.ENDPOINT} cannot be reached and the local "
+                                                     "cache has no 'someone/not-cached')")):
         models.load_model("someone/not-cached")
     _assert_no_retries(no_network)
 
@@ -182,7 +192,33 @@ def test_hub_id_without_network_loads_from_the_local_cache(no_network, tmp_path,
         assert torch.equal(model(ids).logits, reference(ids).logits)
 
 
-@pytest.mark.parametrize("variable", ["HTTPS_PROXY", "ALL_PROXY"])
+@pytest.mark.parametrize("missing", ["tokenizer", "weights"])
+def test_hub_id_without_network_names_an_incomplete_cached_copy(no_network, tmp_path, monkeypatch, tiny_llm_dir,
+                                                                   missing):
+    lost = (lambda path: path.name.startswith("tokenizer")) if missing == "tokenizer" else (
+        lambda path: path.suffix == ".safetensors")
+    cache = _fake_hub_cache(tmp_path, tiny_llm_dir, "someone/half-cached", keep=lambda path: not lost(path))
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    with pytest.raises(ValueError, match=re.escape(f"{hub_constants.ENDPOINT} cannot be reached and the local cache "
+                                                   "holds only part of 'someone/half-cached' (")
+                       + r".*\); load it once with network, or pass a local folder$"):
+        models.load_model("someone/half-cached")
+
+
+def test_a_resolving_hub_is_reachable(monkeypatch, no_network):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *args, **kwargs: [("resolved",)])
+    assert not models._hub_unreachable()
+
+
+@pytest.mark.parametrize("variable", ["HTTPS_PROXY", "https_proxy", "ALL_PROXY"])
 def test_behind_a_proxy_the_hub_is_not_judged_by_local_name_lookup(no_network, monkeypatch, variable):
     monkeypatch.setenv(variable, "http://proxy.example:3128")
     assert not models._hub_unreachable() and no_network == []  # the proxy resolves names
+    monkeypatch.setenv("NO_PROXY", HUB_HOST)  # ... unless the hub bypasses it
+    assert models._hub_unreachable() and no_network == [HUB_HOST]
+
+
+def test_a_plain_http_mirror_is_judged_by_its_own_proxy(no_network, monkeypatch):
+    monkeypatch.setattr(hub_constants, "ENDPOINT", "http://mirror.internal")
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    assert not models._hub_unreachable() and no_network == []

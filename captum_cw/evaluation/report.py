@@ -102,7 +102,7 @@ def choice_check(records: list[Record], answers: Sequence[str] = ()) -> ChoiceCh
                         most_frequent_answer=int(answer), most_frequent_share=count / n,
                         majority_label_share=majority / n,
                         at_chance=bool(low <= chance or count / n >= AT_CHANCE_SHARE))
-    if answers:
+    if int(answer) < len(answers):
         check["most_frequent_answer_name"] = answers[int(answer)]
     return check
 

@@ -48,7 +48,8 @@ class Task:
     r"""
     A task: where its rows come from and how a row becomes an :class:`Example`. ``kind`` is the one
     definition of how the task is scored: ``"choice"`` (every example has choices and a label) or
-    ``"text"`` (next-token NLL); :func:`load_examples` checks the examples against it.
+    ``"text"`` (next-token NLL); :func:`load_examples` checks the examples against it. ``answers`` name
+    a multiple-choice task's choices in reports, in the order of each example's continuations.
     """
 
     name: str

@@ -1,6 +1,8 @@
 """The evaluator's shared work: every metric from one forward pass, one ranking per metric for all bins and
 modes, and one forward pass for variants whose removals are identical; the numbers do not change."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -70,3 +72,27 @@ def test_identical_removals_run_once_and_change_nothing(tiny, monkeypatch):
     for metric in config.metrics:
         for mode in ("comprehensiveness", "sufficiency"):
             assert shared["results"][metric][mode]["1"] == shared["results"][metric][mode]["2"]
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "winogrande"])  # a text; two sequences of one example
+def test_each_batch_of_logits_is_dropped_once_read(tiny, monkeypatch, task):
+    # Gemma's 262k-token vocabulary makes a text's logits 200 MB per variant: kept for 60 variants they
+    # ran a 24 GB machine out of memory
+    model, tokenizer = tiny
+    encoded = encode(load_examples(task, 1, DATA)[0], tokenizer, max_tokens=40)
+    config = ProtocolConfig(metrics=("cw_inter", "random"), bins=(10, 50), batch_size=2)
+    alive: list[weakref.ref] = []
+    most_alive = []
+    forward = protocols._forward
+
+    def tracking_forward(model, ids, keep):
+        logits = forward(model, ids, keep)
+        alive[:] = [ref for ref in alive if ref() is not None] + [weakref.ref(logits)]
+        most_alive.append(len(alive))
+        return logits
+
+    monkeypatch.setattr(protocols, "_forward", tracking_forward)
+    tracked = evaluate_example(model, encoded, config)
+    assert len(most_alive) >= 4 and max(most_alive) == 1  # 2 metrics x 2 modes x 2 bins in batches of 2
+    monkeypatch.setattr(protocols, "_forward", forward)
+    assert evaluate_example(model, encoded, config) == tracked

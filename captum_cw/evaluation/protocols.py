@@ -37,7 +37,14 @@ from captum_cw.evaluation.ranking import (
 )
 from captum_cw.evaluation.records import ChoiceClean, Record, TextClean, bin_key
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
-from captum_cw.evaluation.sequences import Choice, EncodedExample, choice_logliks, compare, measure
+from captum_cw.evaluation.sequences import (
+    Choice,
+    EncodedExample,
+    compare,
+    measure,
+    measure_reads,
+    sequence_reads,
+)
 from captum_cw.interventions import mask_values
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import METRICS
@@ -150,10 +157,11 @@ def clean_scores(
     return scores, found.output.logits
 
 
-def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: list[dict[int, Tensor]],
-                    config: ProtocolConfig, clean_below: Tensor | None = None) -> Tensor:
+def _batched_reads(model, encoded: EncodedExample, sequence: int, removals: list[dict[int, Tensor]],
+                   config: ProtocolConfig, clean_below: Tensor | None = None) -> Tensor:
     r"""
-    Logits ``(n_variants, keep, vocab)`` of one sequence under each removal (a dict layer -> mask).
+    What the measures read (:func:`~captum_cw.evaluation.sequences.sequence_reads`, ``(n_variants, k)``)
+    from one sequence under each removal (a dict layer -> mask); each batch's logits are dropped once read.
     With ``clean_below`` (the clean output of the block before the first intervened layer), the
     blocks below that layer are not run again.
     """
@@ -169,7 +177,7 @@ def _batched_logits(model, encoded: EncodedExample, sequence: int, removals: lis
             stack.enter_context(mask_values(model, stacked, renormalize=config.renormalize))
             if clean_below is not None and start > 0:
                 stack.enter_context(skip_layers_below(model, start, clean_below))
-            outputs.append(_forward(model, ids.expand(len(chunk), -1), keep))
+            outputs.append(sequence_reads(encoded, sequence, _forward(model, ids.expand(len(chunk), -1), keep)))
     return torch.cat(outputs)
 
 
@@ -217,9 +225,8 @@ def _measure_variants(model, encoded: EncodedExample, removals_per_sequence: lis
     r"""The example's measures under each variant (a removal per sequence); identical variants run once."""
     clean_below = clean_below or [None] * len(removals_per_sequence)
     distinct, index = _distinct(removals_per_sequence)
-    logits = [_batched_logits(model, encoded, s, removals, config, clean_below[s])
-              for s, removals in enumerate(distinct)]
-    measured = measure(encoded, logits)
+    reads = [_batched_reads(model, encoded, s, removals, config, clean_below[s]) for s, removals in enumerate(distinct)]
+    measured = measure_reads(encoded, reads)
     return [measured[i] for i in index]
 
 
@@ -241,7 +248,7 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
     layer_indices = chosen_layers(config, n_layers)
     per_head = config.granularity == "head"
     start = min(layer_indices) if config.reuse_clean else 0
-    removals_per_sequence, clean_logits, clean_below = [], [], []
+    removals_per_sequence, clean_reads, clean_below = [], [], []
     rankings: dict[str, list] = {m: [] for m in config.metrics}
     for s, ids in enumerate(encoded.sequences):
         with ExitStack() as stack:
@@ -249,7 +256,7 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
             recorded = stack.enter_context(record_layer_output(model, start - 1)) if start > 0 else {}
             scores, logits = clean_scores(model, ids, layer_indices, config.metrics, per_head,
                                           encoded.rows_needed(s))
-        clean_logits.append(logits)
+        clean_reads.append(sequence_reads(encoded, s, logits))
         clean_below.append(recorded.get("output"))
         n = len(ids)
         device = logits.device
@@ -271,7 +278,7 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
                 rankings[metric].append(last if per_head else [heads[0] for heads in last])
         removals_per_sequence.append([{layer: masks[k] for k, layer in enumerate(layer_indices)}
                                       for masks in hard + soft])
-    clean = measure(encoded, clean_logits)[0]
+    clean = measure_reads(encoded, clean_reads)[0]
     perturbed = _measure_variants(model, encoded, removals_per_sequence, config, clean_below)
     results, extras = _nest(_variants(config), perturbed, clean, encoded.example.label)
     if config.save_rankings:
@@ -336,9 +343,7 @@ def _integrated_gradients(model, encoded: EncodedExample, clean: dict,
     view = EncodedExample(encoded.example, encoded.sequences, [choice], encoded.special)
 
     def predicted_loglik(input_ids: Tensor) -> Tensor:
-        logits = _forward(model, input_ids, keep)
-        return choice_logliks(view, [logits if s == choice.sequence else None
-                                     for s in range(len(encoded.sequences))])[:, 0]
+        return sequence_reads(view, choice.sequence, _forward(model, input_ids, keep))[:, 0]
 
     baseline_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     baseline = torch.full_like(ids[None], baseline_id)

@@ -12,8 +12,8 @@ from transformers import PreTrainedTokenizerBase
 
 from captum_cw.tasks import Example
 
-__all__ = ["Choice", "EncodedExample", "choice_logliks", "compare", "encode", "measure", "scoring_problem",
-           "text_nll"]
+__all__ = ["Choice", "EncodedExample", "compare", "encode", "measure", "measure_reads", "scoring_problem",
+           "sequence_reads", "text_nll"]
 
 
 @dataclass(frozen=True)
@@ -101,27 +101,12 @@ def scoring_problem(encoded: EncodedExample) -> str | None:
     return None
 
 
-def choice_logliks(encoded: EncodedExample, logits: Sequence[Tensor | None]) -> Tensor:
-    r"""
-    Log-likelihood of each choice's continuation.
-
-    Args:
-        logits (Sequence[Tensor or None]): per sequence, ``(batch, kept_rows, vocab)`` for its
-                    last ``rows_needed`` positions; None for a sequence no choice of ``encoded`` reads.
-    Returns:
-        Tensor ``(batch, n_choices)``.
-    """
-    columns = []
-    for choice in encoded.choices:
-        n = len(encoded.sequences[choice.sequence])
-        sequence_logits = logits[choice.sequence]
-        if sequence_logits is None:
-            raise ValueError(f"no logits for sequence {choice.sequence}, which a choice of {encoded.example.id} reads.")
-        first = choice.start - (n - sequence_logits.shape[1])
-        rows = sequence_logits[:, first:first + len(choice.tokens)].float().log_softmax(-1)
-        tokens = torch.tensor(choice.tokens, device=rows.device)
-        columns.append(rows.gather(-1, tokens[None, :, None].expand(rows.shape[0], -1, 1)).sum((1, 2)))
-    return torch.stack(columns, 1)
+def _continuation_loglik(encoded: EncodedExample, choice: Choice, logits: Tensor) -> Tensor:
+    r"""Log-likelihood ``(batch,)`` of a choice's continuation from its sequence's last ``kept_rows`` logits."""
+    first = choice.start - (len(encoded.sequences[choice.sequence]) - logits.shape[1])
+    rows = logits[:, first:first + len(choice.tokens)].float().log_softmax(-1)
+    tokens = torch.tensor(choice.tokens, device=rows.device)
+    return rows.gather(-1, tokens[None, :, None].expand(rows.shape[0], -1, 1)).sum((1, 2))
 
 
 def text_nll(sequence: Tensor, logits: Tensor) -> Tensor:
@@ -131,12 +116,42 @@ def text_nll(sequence: Tensor, logits: Tensor) -> Tensor:
     return -log_probs.gather(-1, targets[None, :, None].expand(log_probs.shape[0], -1, 1)).squeeze(-1).mean(1)
 
 
-def measure(encoded: EncodedExample, logits: list[Tensor]) -> list[dict[str, float]]:
-    r"""Per batch entry: ``logliks`` and ``prediction`` for choices, ``nll`` for text."""
+def sequence_reads(encoded: EncodedExample, sequence: int, logits: Tensor) -> Tensor:
+    r"""
+    What the measures read from one sequence's logits, so that a batch keeps this instead of
+    ``(batch, kept_rows, vocab)`` logits (with a large vocabulary, gigabytes per batch).
+
+    Args:
+        logits (Tensor): ``(batch, kept_rows, vocab)``, the sequence's last ``rows_needed`` positions.
+    Returns:
+        Tensor ``(batch, k)``: a text's next-token NLL (``k = 1``), or the log-likelihood of each
+        choice that this sequence holds, in choice order.
+    """
     if not encoded.choices:
-        return [{"nll": float(value)} for value in text_nll(encoded.sequences[0], logits[0])]
-    logliks = choice_logliks(encoded, logits)
+        return text_nll(encoded.sequences[sequence], logits)[:, None]
+    held = [choice for choice in encoded.choices if choice.sequence == sequence]
+    return torch.stack([_continuation_loglik(encoded, choice, logits) for choice in held], 1)
+
+
+def measure_reads(encoded: EncodedExample, reads: Sequence[Tensor]) -> list[dict[str, float]]:
+    r"""
+    Per batch entry: ``logliks`` and ``prediction`` for choices, ``nll`` for text, from every
+    sequence's :func:`sequence_reads` ``(batch, k_s)``.
+    """
+    if not encoded.choices:
+        return [{"nll": float(value)} for value in reads[0][:, 0]]
+    held = [0] * len(encoded.sequences)  # per sequence, the choices placed so far
+    columns = []
+    for choice in encoded.choices:
+        columns.append(reads[choice.sequence][:, held[choice.sequence]])
+        held[choice.sequence] += 1
+    logliks = torch.stack(columns, 1)
     return [{"logliks": row.tolist(), "prediction": int(row.argmax())} for row in logliks]
+
+
+def measure(encoded: EncodedExample, logits: Sequence[Tensor]) -> list[dict[str, float]]:
+    r"""Per batch entry: :func:`measure_reads` of every sequence's logits ``(batch, kept_rows, vocab)``."""
+    return measure_reads(encoded, [sequence_reads(encoded, s, values) for s, values in enumerate(logits)])
 
 
 def compare(clean: dict, perturbed: dict, label: int | None) -> dict[str, float]:

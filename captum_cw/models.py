@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -257,10 +258,12 @@ def load_model(
     Returns:
         ``(model, tokenizer)``.
     """
-    options = {k: v for k, v in {"dtype": dtype, "attn_implementation": attn_implementation,
+    # Any: transformers types from_pretrained's keywords one by one, these dicts hold several of them
+    options: dict[str, Any] = {k: v for k, v in {"dtype": dtype, "attn_implementation": attn_implementation,
                                  "device_map": device_map}.items() if v is not None}
-    source, tokenizer_options = name, {}
-    hub_options: dict[str, bool] = {}
+    source = name
+    tokenizer_options: dict[str, Any] = {}
+    hub_options: dict[str, Any] = {}
     gguf: contextlib.AbstractContextManager[Path | None] = contextlib.nullcontext()
     if name in OFFLINE_MODELS:
         entry = OFFLINE_MODELS[name]

@@ -2,17 +2,19 @@
 
     python benchmarks/faithfulness_table.py --choice-limit 200 --text-limit 100 --input-limit 200
 
-Another model gets its own runs, tables and plots, e.g. ``--model gemma-3-270m --out out/gemma-3-270m
---results docs/RESULTS_GEMMA.md --plots docs/faithfulness/gemma-3-270m`` (plots default to a
-faithfulness/ folder next to --results, where SmolLM2's are).
+Another model gets its own runs, tables and plots, e.g. ``--model gemma-3-270m --results docs/RESULTS_GEMMA.md
+--plots docs/faithfulness/gemma-3-270m`` (plots default to a faithfulness/ folder next to --results, where
+SmolLM2's are).
 
 Layer level (the paper's protocol) on all five tasks; input level (ERASER's, where Integrated
-Gradients takes part) on the three multiple-choice tasks. Each run's raw results stay in --out
-(resumable: rerun the same command to continue, a larger limit extends a run). --report-only
-writes the tables from the examples finished so far without running anything. The text of
-docs/RESULTS.md from its "## What this shows" heading on is kept.
+Gradients takes part) on the three multiple-choice tasks. Each run's raw results stay in --out,
+benchmarks/runs/MODEL by default: committed, they let a run resume on another machine (rerun the
+same command to continue; a larger limit extends a run). --report-only writes the tables from the
+examples finished so far without running anything. The text of docs/RESULTS.md from its
+"## What this shows" heading on is kept.
 
-Every table keeps its summary as JSON next to its plot; ``--side-by-side docs/RESULTS.md`` then rewrites that
+Every table keeps its summary as JSON next to its plot; where a run's folder holds fewer finished
+examples than that summary, the kept table stays. ``--side-by-side docs/RESULTS.md`` then rewrites that
 file's section setting the paper's order side by side for every model with kept summaries.
 
 Multiple-choice tables say the clean accuracy against chance, warn where the model is at chance or
@@ -73,18 +75,53 @@ def task_limit(task: str, args) -> int:
     return args.choice_limit if TASKS[task] == "choice" else args.text_limit
 
 
-def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
-    r"""The AOPC table of one run, from the first ``limit`` examples it has finished, and its curves' plot."""
+def run_summary(task: str, protocol: str, limit: int, args) -> dict | None:
+    r"""
+    The summary of one run's first ``limit`` finished examples, its curves' plot and the summary kept as JSON
+    next to the plot; or, where the run's folder holds fewer finished examples than the kept summary (a run
+    restarted elsewhere, a folder lost), the kept summary and plot as they are. None where neither exists.
+    """
     folder = run_folder(task, protocol, args)
-    records = read_records(folder)[:limit]
-    if not records:
-        return []
-    summary = summarize(records, answers=TASK_SPECS[task].answers)
+    records = read_records(folder)[:limit] if folder.is_dir() else []
     plot = plot_folder(args) / f"{folder.name}.png"
+    kept = read_kept(plot.with_suffix(".json"), args.model, task, protocol)
+    if kept and kept["summary"]["n_examples"] > len(records):
+        if records:
+            print(f"{folder} has {len(records)} finished examples, fewer than the {kept['summary']['n_examples']} "
+                  f"of the table kept in {plot.with_suffix('.json')}: that table stays.", file=sys.stderr)
+        return kept
+    if not records:
+        return None
+    summary = summarize(records, answers=TASK_SPECS[task].answers)
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")
-    kept = {"model": args.model, "task": task, "protocol": protocol, "summary": summary}
+    config = json.loads((folder / "config.json").read_text())["protocol"]
+    kept = {"model": args.model, "task": task, "protocol": protocol, "ig_steps": config.get("ig_steps"),
+            "summary": summary}
     write_atomically(plot.with_suffix(".json"), json.dumps(kept, indent=1) + "\n")  # read by side_by_side
+    return kept
+
+
+def read_kept(path: Path, model: str, task: str, protocol: str) -> dict | None:
+    r"""The summary kept at ``path`` if it is one of ``model`` on ``task`` at ``protocol``'s level, else None."""
+    try:
+        kept = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"{path} is not a readable summary ({error}); remove it to rebuild it from the run.") from None
+    if (kept.get("model"), kept.get("task"), kept.get("protocol")) != (model, task, protocol):
+        raise SystemExit(f"{path} summarises {kept.get('model')} on {kept.get('task')} at the {kept.get('protocol')} "
+                         f"level, not {model} on {task} at the {protocol} level; give this model its own --plots.")
+    return kept
+
+
+def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
+    r"""The AOPC table of one run (:func:`run_summary`) and the link to its curves' plot."""
+    if (kept := run_summary(task, protocol, limit, args)) is None:
+        return []
+    summary = kept["summary"]
+    plot = plot_folder(args) / f"{run_folder(task, protocol, args).name}.png"
     measure = summary["primary"]
     clean = summary.get("clean_accuracy") or summary.get("clean_nll")
     lines = [f"### {model_name(args.model)}: {task} ({summary['n_examples']} "
@@ -194,12 +231,15 @@ def plot_folder(args) -> Path:
 
 
 def run_options(args) -> str:
-    r"""The options of a run on another model than the default, for the Reproduce line (paths relative to the repo)."""
-    if args.model == "smollm2-135m":
-        return ""
-    paths = {"--out": args.out, "--results": args.results, "--plots": plot_folder(args)}
+    r"""The options of a run on another model than the default or in another folder, for the Reproduce line
+    (paths relative to the repo)."""
+    default_out = ROOT / "benchmarks" / "runs" / args.model
+    paths = {} if Path(args.out).resolve() == default_out else {"--out": args.out}
+    if args.model != "smollm2-135m":
+        paths |= {"--results": args.results, "--plots": plot_folder(args)}
     relative = {option: os.path.relpath(path, ROOT) for option, path in paths.items()}
-    return f"--model {args.model} " + "".join(f"{option} {path} " for option, path in relative.items())
+    model = f"--model {args.model} " if args.model != "smollm2-135m" else ""
+    return model + "".join(f"{option} {path} " for option, path in relative.items())
 
 
 def write_results(args) -> str:
@@ -226,14 +266,16 @@ def write_results(args) -> str:
     for task in args.tasks:
         lines += task_table(task, "layer", task_limit(task, args), args)
     input_tasks = [task for task in args.tasks if TASKS[task] == "choice"]
-    configs = [run_folder(task, "input", args) / "config.json" for task in input_tasks]
-    ig_steps = sorted({json.loads(path.read_text())["protocol"]["ig_steps"] for path in configs if path.exists()})
-    if args.input_limit and ig_steps:
+    input_tables = [task_table(task, "input", args.input_limit, args) for task in input_tasks if args.input_limit]
+    input_summaries = [read_kept(plot_folder(args) / f"{run_folder(task, 'input', args).name}.json", args.model,
+                                 task, "input") for task in input_tasks]
+    ig_steps = sorted({str(summary.get("ig_steps", "?")) for summary in input_summaries if summary})
+    if any(input_tables):
         lines += ["## Input level (ERASER): one score per context token for the predicted answer; the top-k% "
                   "tokens are knocked out at every layer. Integrated Gradients: "
-                  f"{' / '.join(map(str, ig_steps))} steps on the embeddings, pad-token baseline", ""]
-        for task in input_tasks:
-            lines += task_table(task, "input", args.input_limit, args)
+                  f"{' / '.join(ig_steps)} steps on the embeddings, pad-token baseline", ""]
+        for table in input_tables:
+            lines += table
     results = Path(args.results)
     previous = results.read_text() if results.exists() else ""
     if len(lines) == tables and previous:
@@ -265,13 +307,15 @@ def main() -> None:
     parser.add_argument("--soft", action="store_true", help="runs add soft comprehensiveness and sufficiency")
     parser.add_argument("--save-rankings", action="store_true", help="runs keep rankings: rank agreement tables")
     parser.add_argument("--report-only", action="store_true", help="tabulate finished examples, run nothing")
-    parser.add_argument("--out", default=str(ROOT / "out" / "faithfulness"))
+    parser.add_argument("--out", help="the runs' folders (kept in the repository, so that runs resume anywhere); "
+                        "default: benchmarks/runs/MODEL")
     parser.add_argument("--results", default=str(ROOT / "docs" / "RESULTS.md"))
     parser.add_argument("--plots", help="folder of the curves' plots; default: faithfulness/ next to --results")
     parser.add_argument("--side-by-side", metavar="RESULTS",
                         help="then rewrite this file's side-by-side section from every model's summaries under its "
                              "faithfulness/ folder (e.g. docs/RESULTS.md)")
     args = parser.parse_args()
+    args.out = args.out or str(ROOT / "benchmarks" / "runs" / args.model)
 
     for task in args.tasks if not args.report_only else []:
         if "layer" in args.protocols:

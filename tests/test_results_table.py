@@ -17,16 +17,21 @@ from conftest import TEST_DATA
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "faithfulness_table.py"
 
 
-@pytest.mark.slow  # the benchmark script in a subprocess
-def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tiny_llm_dir, tmp_path):
-    model, tokenizer = load_model(str(tiny_llm_dir))
-    runs = {"mmlu": ("layer", 2), "gsm8k": ("layer", 1), "mmlu_input": ("input", 2)}
+def make_runs(model_dir: Path, out: Path, runs: dict[str, tuple[str, int]]) -> None:
+    r"""Evaluation runs of the tiny model under ``out``: folder name -> (protocol, limit)."""
+    model, tokenizer = load_model(str(model_dir))
     for folder, (protocol, limit) in runs.items():
         metrics = ("cw_inter", "random") if protocol == "layer" else ("ig", "cw_last", "random")
         protocol_config = ProtocolConfig(protocol=protocol, metrics=metrics, bins=(10, 50), ig_steps=2)
         config = EvaluationConfig(task=folder.split("_")[0], limit=limit, data_dir=str(TEST_DATA), max_tokens=32,
                                   protocol=protocol_config)
-        evaluate(config, tmp_path / folder, model=model, tokenizer=tokenizer, progress=False)
+        evaluate(config, out / folder, model=model, tokenizer=tokenizer, progress=False,
+                 resume=(out / folder / "config.json").exists())
+
+
+@pytest.mark.slow  # the benchmark script in a subprocess
+def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tiny_llm_dir, tmp_path):
+    make_runs(tiny_llm_dir, tmp_path, {"mmlu": ("layer", 2), "gsm8k": ("layer", 1), "mmlu_input": ("input", 2)})
     results = tmp_path / "RESULTS.md"
     results.write_text("old tables\n\n## What this shows\n\nhand-written findings\n")
 
@@ -74,3 +79,51 @@ def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tin
                        f"{order_verdict(order['sufficiency'])} |")
     assert "| gsm8k | SmolLM2-135M | 1 | NLL" in section and "| gsm8k | other-model | not run |" in section
     assert "| mmlu_input" not in section and "| winogrande | SmolLM2-135M | not run |" in section
+
+
+@pytest.mark.slow  # the benchmark script in a subprocess
+def test_a_table_kept_from_more_examples_than_its_run_folder_holds_stays(tiny_llm_dir, tmp_path):
+    runs = tmp_path / "runs"
+    make_runs(tiny_llm_dir, runs, {"mmlu": ("layer", 2), "mmlu_input": ("input", 2)})
+    results = tmp_path / "RESULTS.md"
+    command = [sys.executable, str(SCRIPT), "--report-only", "--out", str(runs), "--results", str(results),
+               "--tasks", "mmlu", "--choice-limit", "5", "--input-limit", "5"]
+
+    def report() -> tuple[str, str]:
+        completed = subprocess.run(command, capture_output=True, text=True)
+        assert completed.returncode == 0, completed.stderr
+        return results.read_text(), completed.stderr
+
+    first, _ = report()
+    assert "### SmolLM2-135M: mmlu (2 examples;" in first and "Integrated Gradients: 2 steps" in first
+    assert "| cw_last |" in first[first.index("## Input level"):]
+    plot = tmp_path / "faithfulness" / "mmlu.png"
+    drawn = plot.stat().st_mtime_ns
+
+    moved = tmp_path / "moved"
+    runs.rename(moved)  # the run folders are gone (another machine): the kept tables stay as they were
+    assert report() == (first, "")
+    assert plot.stat().st_mtime_ns == drawn  # the kept plot is not redrawn
+
+    moved.rename(runs)
+    records = runs / "mmlu" / "records.jsonl"
+    records.write_text(records.read_text().splitlines(keepends=True)[0])  # a restarted run: 1 of 2 examples
+    text, note = report()
+    assert text == first and "has 1 finished examples, fewer than the 2 of the table kept" in note
+
+    make_runs(tiny_llm_dir, runs, {"mmlu": ("layer", 3)})  # the run goes past the kept table: it is rebuilt
+    text, _ = report()
+    assert "### SmolLM2-135M: mmlu (3 examples;" in text and plot.stat().st_mtime_ns != drawn
+    assert text[text.index("## Input level"):] == first[first.index("## Input level"):]
+
+
+def test_a_kept_summary_of_another_model_is_named(tmp_path):
+    folder = tmp_path / "faithfulness"
+    folder.mkdir()
+    (folder / "mmlu.json").write_text('{"model": "other", "task": "mmlu", "protocol": "layer", "summary": {}}')
+    command = [sys.executable, str(SCRIPT), "--report-only", "--out", str(tmp_path / "runs"),
+               "--results", str(tmp_path / "RESULTS.md"), "--tasks", "mmlu", "--input-limit", "0"]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode != 0
+    assert "summarises other on mmlu at the layer level, not smollm2-135m on mmlu" in completed.stderr
+    assert "give this model its own --plots" in completed.stderr

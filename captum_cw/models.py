@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -113,7 +114,7 @@ def _gguf_folder(name: str, scratch: str | Path | None = None) -> Iterator[Path]
     sums = offline_model_path(name) / "data" / "SHA256SUMS"
     expected = dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip()) \
         if sums.exists() else {}
-    with tempfile.TemporaryDirectory(dir=scratch, prefix=".gguf-") as folder:
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=_scratch_prefix("gguf")) as folder:
         digest = hashlib.sha256()
         with open(Path(folder) / _gguf_file(name), "wb") as joined:
             for piece in pieces:
@@ -154,7 +155,8 @@ def _dequantized(name: str) -> Path | None:
         return folder
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        building = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".building-"))
+        _remove_abandoned(folder.parent)
+        building = Path(tempfile.mkdtemp(dir=folder.parent, prefix=_scratch_prefix("building")))
     except OSError as error:
         warnings.warn(f"cannot cache the de-quantised {name} under {folder.parent} ({error}); set CAPTUM_CW_CACHE "
                       "to a writable folder to load it faster", stacklevel=3)
@@ -176,6 +178,29 @@ def _dequantized(name: str) -> Path | None:
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return folder
+
+
+def _scratch_prefix(kind: str) -> str:
+    r"""The name prefix of a temporary folder of ``kind`` next to the cache: it names this host and process."""
+    return f".{kind}-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _remove_abandoned(parent: Path) -> None:
+    r"""
+    Removes the temporary folders under ``parent`` (:func:`_scratch_prefix`) of processes of this host that
+    are gone: a process killed while de-quantising leaves them behind (about 1.3 GB for Gemma-3-270M).
+    Those of live processes and of other hosts sharing the cache are left alone.
+    """
+    pattern = re.compile(rf"\.(?:building|gguf)-{re.escape(socket.gethostname())}-(\d+)-[^-]+")
+    for path in parent.iterdir():
+        if (match := pattern.fullmatch(path.name)) is None:
+            continue
+        try:
+            os.kill(int(match[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            pass  # alive under another user, or not a process id
 
 
 def _hub_unreachable() -> bool:

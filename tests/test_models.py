@@ -1,9 +1,12 @@
 """Model loading: offline names, local paths, the cache of de-quantised GGUF models, a missing wheel, no network."""
 
 import importlib.util
+import os
 import re
 import shutil
 import socket
+import subprocess
+import sys
 from urllib.parse import urlparse
 
 import pytest
@@ -222,3 +225,19 @@ def test_a_plain_http_mirror_is_judged_by_its_own_proxy(no_network, monkeypatch)
     monkeypatch.setattr(hub_constants, "ENDPOINT", "http://mirror.internal")
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
     assert not models._hub_unreachable() and no_network == []
+
+
+def test_folders_abandoned_by_a_killed_build_are_removed_and_no_others(tmp_path):
+    host = socket.gethostname()
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()  # a process id that is gone
+    names = {"dead": f".building-{host}-{finished.pid}-abc123", "dead_join": f".gguf-{host}-{finished.pid}-x_9",
+             "alive": f".building-{host}-{os.getpid()}-def456", "other_host": f".building-{host}x-{finished.pid}-q",
+             "cached model": "gemma-3-270m-1-2-transformers5", "unrelated": f".building-{host}-notapid-a"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+    models._remove_abandoned(tmp_path)
+    left = {path.name for path in tmp_path.iterdir()}
+    assert left == set(names.values()) - {names["dead"], names["dead_join"]}
+    assert models._scratch_prefix("building") == f".building-{host}-{os.getpid()}-"

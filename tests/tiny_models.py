@@ -71,6 +71,10 @@ def _gpt_neox_value(module: nn.Module, output: Tensor) -> Tensor:  # per head [q
     return per_head[..., 2 * module.head_size:].flatten(2)
 
 
+def _falcon_value(module: nn.Module, output: Tensor) -> Tensor:  # multi-query: [q heads | k | v], one KV head
+    return output[..., -module.head_dim:]
+
+
 def _decoder(config_class, model_kwargs=None, **extra):
     def build():
         torch.manual_seed(SEED)
@@ -95,6 +99,13 @@ def _gpt_neox():
     config = transformers.GPTNeoXConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                         num_attention_heads=4, max_position_embeddings=64, initializer_range=0.2)
     return transformers.GPTNeoXForCausalLM(config).eval()
+
+
+def _falcon():  # Falcon-7B's layout: multi-query (one KV head), rotary positions, parallel attention and MLP
+    torch.manual_seed(SEED)
+    config = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       multi_query=True, parallel_attn=True, initializer_range=0.2)
+    return transformers.FalconForCausalLM(config).eval()
 
 
 def _opt():
@@ -201,6 +212,9 @@ FAMILIES = {
                           "decoder", "SmolLM3Attention", _plain, "v_proj", _linear_projection("o_proj")),
     "distilbert": TinyFamily("distilbert", _distilbert, "encoder", "DistilBertSelfAttention", _plain, "v_lin",
                              _linear_projection("out_lin"), padding_side="right"),
+    # on the attention interface since transformers 5.25
+    "falcon": TinyFamily("falcon", _falcon, "decoder", "FalconAttention", _falcon_value, "query_key_value",
+                         _linear_projection("dense")),
 }
 
 

@@ -100,6 +100,21 @@ def test_resume_refuses_changed_data_at_the_same_path(tiny, tmp_path):
         _run(tiny, _config(data, limit=4), out, resume=True)
 
 
+def test_a_run_resumes_on_a_copy_of_its_data_elsewhere_and_not_on_other_data(tiny, tmp_path):
+    data = _copy_data(tmp_path)
+    out = tmp_path / "out"
+    _run(tiny, _config(data), out)
+    moved = tmp_path / "elsewhere"  # another machine's copy of the same files
+    data.rename(moved)
+    assert _run(tiny, _config(moved, limit=3), out, resume=True)["n_examples"] == 3
+    rows = (moved / "gsm8k_test.jsonl").read_text().splitlines()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "gsm8k_test.jsonl").write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")
+    with pytest.raises(ValueError, match=r"the data changed since"):
+        _run(tiny, _config(other, limit=3), out, resume=True)
+
+
 def test_resume_refuses_other_weights(tiny, tmp_path):
     model, _ = tiny
     _run(tiny, _config(TEST_DATA), tmp_path)

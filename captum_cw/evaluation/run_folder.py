@@ -156,7 +156,8 @@ def model_fingerprint(model: nn.Module) -> dict[str, str]:
 def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = None) -> dict | None:
     r"""
     Checks that this run may write to ``out``: a folder with records must hold the same configuration
-    (``limit`` aside: a larger one extends the run) and be resumed. A setting the stored configuration
+    (``limit`` aside: a larger one extends the run; ``data_dir`` aside: the data's fingerprint is checked
+    instead, so that a run moved to another machine resumes on its copy of the data) and be resumed. A setting the stored configuration
     lacks (one added since it was written) counts as its default, so that older runs still resume.
 
     Args:
@@ -175,7 +176,7 @@ def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = 
         raise ValueError(f"{out} holds records but no config.json to check them against; use another --out.")
     stored = json.loads(path.read_text())
     filled = _filled(stored, defaults or {})
-    keys = sorted((set(filled) | set(config)) - {"limit", "fingerprint"})
+    keys = sorted((set(filled) | set(config)) - {"limit", "data_dir", "fingerprint"})
     changed = [key for key in keys if filled.get(key) != config.get(key)]
     if changed:
         raise ValueError(f"{out} holds a run with another configuration ({', '.join(changed)} differ, see {path}); "

@@ -10,7 +10,7 @@ import torch
 
 from captum_cw.evaluation import EvaluationConfig, evaluate
 from captum_cw.evaluation.protocols import ProtocolConfig
-from captum_cw.evaluation.run_folder import locked, read_records, repair_tail
+from captum_cw.evaluation.run_folder import check_model, locked, model_fingerprint, read_records, repair_tail
 from captum_cw.models import load_model
 from conftest import TEST_DATA
 
@@ -128,6 +128,30 @@ def test_resume_refuses_other_weights(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"the model's configuration changed since"):
         _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
     assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+
+
+def test_a_release_that_adds_a_setting_and_runs_stored_before_still_resume(tiny, tmp_path, monkeypatch):
+    model, _ = tiny
+    config_class = type(model.config)
+    before = model_fingerprint(model)
+    original = config_class.__init__
+
+    def with_new_setting(self, *args, new_setting=7, **kwargs):  # what a later transformers release might add
+        original(self, *args, **kwargs)
+        self.new_setting = new_setting
+
+    monkeypatch.setattr(config_class, "__init__", with_new_setting)
+    upgraded = copy.deepcopy(model)
+    upgraded.config.new_setting = 7
+    after = model_fingerprint(upgraded)
+    assert after["config_sha256"] == before["config_sha256"] and after["config_sha256_full"] != before[
+        "config_sha256_full"]
+    check_model(tmp_path, {"fingerprint": {"model": before}}, after)
+    stored_before = {"config_sha256": before["config_sha256_full"], "weights_sha256": before["weights_sha256"]}
+    check_model(tmp_path, {"fingerprint": {"model": stored_before}}, before)  # a run fingerprinted whole
+    upgraded.config.new_setting = 8  # not the default: a real change
+    with pytest.raises(ValueError, match="the model's configuration changed"):
+        check_model(tmp_path, {"fingerprint": {"model": before}}, model_fingerprint(upgraded))
 
 
 def test_a_second_run_on_the_same_folder_is_refused(tiny, tmp_path):

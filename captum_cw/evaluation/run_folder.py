@@ -131,17 +131,16 @@ def data_fingerprint(examples: Sequence[Example]) -> dict[str, Any]:
 
 def model_fingerprint(model: nn.Module) -> dict[str, str]:
     r"""
-    SHA-256 of the model's configuration (without its path and transformers version) and of its
-    weights' names, shapes, dtypes and 64 evenly spaced values of each: cheap on any model size, and
-    changed by any retraining or re-save of other weights.
+    SHA-256 of the model's configuration and of its weights' names, shapes, dtypes and 64 evenly spaced values
+    of each: cheap on any model size, and changed by any retraining or re-save of other weights. The
+    configuration is hashed as it differs from its class's defaults (``config_sha256``: a transformers release
+    that adds a setting leaves it alone) and whole (``config_sha256_full``, what runs stored before).
+    Both leave out the path and the transformers version.
     """
     settings = getattr(model, "config", None)
     if not isinstance(settings, PretrainedConfig):
         raise ValueError(f"{type(model).__name__} has no transformers configuration (model.config); the evaluation "
                          "runs transformers models.")
-    config = settings.to_dict()
-    for key in ("_name_or_path", "transformers_version"):
-        config.pop(key, None)
     weights = hashlib.sha256()
     for name, parameter in model.named_parameters():
         weights.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
@@ -149,16 +148,28 @@ def model_fingerprint(model: nn.Module) -> dict[str, str]:
             flat = parameter.detach().reshape(-1)
             sample = flat[:: max(1, flat.numel() // _WEIGHT_SAMPLES)][:_WEIGHT_SAMPLES]
             weights.update(sample.float().cpu().numpy().tobytes())
-    return {"config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
+    config = settings.to_dict()
+    try:
+        defaults = type(settings)().to_dict()
+    except (TypeError, ValueError):  # a configuration class without defaults for everything: the whole of it
+        defaults = {}
+    differences = {key: value for key, value in config.items() if key not in defaults or defaults[key] != value}
+    return {"config_sha256": _config_hash(differences), "config_sha256_full": _config_hash(config),
             "weights_sha256": weights.hexdigest()}
+
+
+def _config_hash(config: dict[str, Any]) -> str:
+    kept = {key: value for key, value in config.items() if key not in ("_name_or_path", "transformers_version")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = None) -> dict | None:
     r"""
     Checks that this run may write to ``out``: a folder with records must hold the same configuration
     (``limit`` aside: a larger one extends the run; ``data_dir`` aside: the data's fingerprint is checked
-    instead, so that a run moved to another machine resumes on its copy of the data) and be resumed. A setting the stored configuration
-    lacks (one added since it was written) counts as its default, so that older runs still resume.
+    instead, so that a run moved to another machine resumes on its copy of the data) and be resumed. A
+    setting the stored configuration lacks (one added since it was written) counts as its default, so that
+    older runs still resume.
 
     Args:
         out (Path): the run's folder.
@@ -213,12 +224,14 @@ def check_data(out: Path, previous: dict | None, examples: Sequence[Example]) ->
 
 
 def check_model(out: Path, previous: dict | None, fingerprint: dict[str, str]) -> None:
-    r"""Refuses to resume with another model: its configuration and weights must hash as they did."""
+    r"""Refuses to resume with another model: its configuration and weights must hash as they did (the
+    configuration by either of :func:`model_fingerprint`'s hashes: a run stored before the first kept the whole)."""
     before = (previous or {}).get("fingerprint", {}).get("model")
     if before is None:
         return
-    changed = [what for what, key in (("configuration", "config_sha256"), ("weights", "weights_sha256"))
-               if before.get(key) != fingerprint[key]]
+    changed = ["configuration"] * (before.get("config_sha256") not in (fingerprint["config_sha256"],
+                                                                      fingerprint["config_sha256_full"]))
+    changed += ["weights"] * (before.get("weights_sha256") != fingerprint["weights_sha256"])
     if changed:
         raise ValueError(f"the model's {' and '.join(changed)} changed since {out} was started; use a new --out "
                          "for the new model.")

@@ -10,7 +10,14 @@ import torch
 
 from captum_cw.evaluation import EvaluationConfig, evaluate
 from captum_cw.evaluation.protocols import ProtocolConfig
-from captum_cw.evaluation.run_folder import check_model, locked, model_fingerprint, read_records, repair_tail
+from captum_cw.evaluation.run_folder import (
+    check_model,
+    config_defaults,
+    locked,
+    model_fingerprint,
+    read_records,
+    repair_tail,
+)
 from captum_cw.models import load_model
 from conftest import TEST_DATA
 
@@ -113,6 +120,12 @@ def test_a_run_resumes_on_a_copy_of_its_data_elsewhere_and_not_on_other_data(tin
     (other / "gsm8k_test.jsonl").write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")
     with pytest.raises(ValueError, match=r"the data changed since"):
         _run(tiny, _config(other, limit=3), out, resume=True)
+    stored = json.loads((out / "config.json").read_text())
+    del stored["fingerprint"]["data"]  # a run from before data fingerprints: only its folder tells the data
+    (out / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match=r"another configuration \(data_dir differ"):
+        _run(tiny, _config(other, limit=3), out, resume=True)
+    assert _run(tiny, _config(moved, limit=3), out, resume=True)["n_examples"] == 3
 
 
 def test_resume_refuses_other_weights(tiny, tmp_path):
@@ -125,15 +138,16 @@ def test_resume_refuses_other_weights(tiny, tmp_path):
         _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
     retrained = copy.deepcopy(model)
     retrained.config.rope_theta = 1.0
-    with pytest.raises(ValueError, match=r"the model's configuration changed since"):
+    with pytest.raises(ValueError, match=r"the model's configuration changed \(rope_theta\) since"):
         _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
     assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
 
 
 def test_a_release_that_adds_a_setting_and_runs_stored_before_still_resume(tiny, tmp_path, monkeypatch):
     model, _ = tiny
-    config_class = type(model.config)
     before = model_fingerprint(model)
+    assert before["config"]["num_attention_heads"] == model.config.num_attention_heads
+    config_class = type(model.config)
     original = config_class.__init__
 
     def with_new_setting(self, *args, new_setting=7, **kwargs):  # what a later transformers release might add
@@ -143,15 +157,33 @@ def test_a_release_that_adds_a_setting_and_runs_stored_before_still_resume(tiny,
     monkeypatch.setattr(config_class, "__init__", with_new_setting)
     upgraded = copy.deepcopy(model)
     upgraded.config.new_setting = 7
-    after = model_fingerprint(upgraded)
-    assert after["config_sha256"] == before["config_sha256"] and after["config_sha256_full"] != before[
-        "config_sha256_full"]
-    check_model(tmp_path, {"fingerprint": {"model": before}}, after)
-    stored_before = {"config_sha256": before["config_sha256_full"], "weights_sha256": before["weights_sha256"]}
-    check_model(tmp_path, {"fingerprint": {"model": stored_before}}, before)  # a run fingerprinted whole
-    upgraded.config.new_setting = 8  # not the default: a real change
-    with pytest.raises(ValueError, match="the model's configuration changed"):
-        check_model(tmp_path, {"fingerprint": {"model": before}}, model_fingerprint(upgraded))
+    after, defaults = model_fingerprint(upgraded), config_defaults(upgraded)
+    assert after["config_sha256"] != before["config_sha256"] and defaults["new_setting"] == 7
+    check_model(tmp_path, {"fingerprint": {"model": before}}, after, defaults)  # added at its default: resumes
+    with pytest.raises(ValueError, match=r"configuration changed \(new_setting\)"):
+        check_model(tmp_path, {"fingerprint": {"model": before}}, after)  # no defaults known: refused
+    upgraded.config.new_setting = 8  # not the default
+    with pytest.raises(ValueError, match=r"configuration changed \(new_setting\)"):
+        check_model(tmp_path, {"fingerprint": {"model": before}}, model_fingerprint(upgraded), defaults)
+    upgraded.config.new_setting, upgraded.config.rms_norm_eps = 7, 0.25  # a default a release changed
+    with pytest.raises(ValueError, match=r"configuration changed \(rms_norm_eps\)"):
+        check_model(tmp_path, {"fingerprint": {"model": before}}, model_fingerprint(upgraded), defaults)
+
+    stored_whole = {"config_sha256": before["config_sha256"], "weights_sha256": before["weights_sha256"]}
+    check_model(tmp_path, {"fingerprint": {"model": stored_whole}}, before)  # a run stored before configurations
+    with pytest.raises(ValueError, match=r"the model's configuration changed since"):
+        check_model(tmp_path, {"fingerprint": {"model": stored_whole}}, after, defaults)
+
+
+def test_nested_configurations_are_compared_setting_by_setting(tmp_path):
+    weights = {"weights_sha256": "w"}
+    before = {"config": {"text_config": {"heads": 4}, "removed": 1}, **weights}
+    now = {"config": {"text_config": {"heads": 4, "added": 2}, "removed": 1}, **weights}
+    check_model(tmp_path, {"fingerprint": {"model": before}}, now, {"text_config": {"added": 2}})
+    with pytest.raises(ValueError, match=r"configuration changed \(text_config.added\)"):
+        check_model(tmp_path, {"fingerprint": {"model": before}}, now, {"text_config": {"added": 3}})
+    with pytest.raises(ValueError, match=r"configuration changed \(removed\)"):
+        check_model(tmp_path, {"fingerprint": {"model": before}}, {"config": {"text_config": {"heads": 4}}, **weights})
 
 
 def test_a_second_run_on_the_same_folder_is_refused(tiny, tmp_path):

@@ -24,8 +24,8 @@ from transformers import PretrainedConfig
 from captum_cw.evaluation.records import Record, Skipped, parse_record
 from captum_cw.tasks import Example
 
-__all__ = ["check_data", "check_model", "data_fingerprint", "locked", "model_fingerprint", "previous_examples",
-           "previous_run", "read_records", "repair_tail", "write_config"]
+__all__ = ["check_data", "check_model", "config_defaults", "data_fingerprint", "locked", "model_fingerprint",
+           "previous_examples", "previous_run", "read_records", "repair_tail", "write_config"]
 
 _WEIGHT_SAMPLES = 64  # evenly spaced values hashed per parameter
 
@@ -129,13 +129,11 @@ def data_fingerprint(examples: Sequence[Example]) -> dict[str, Any]:
     return {"examples": len(examples), "sha256": digest.hexdigest()}
 
 
-def model_fingerprint(model: nn.Module) -> dict[str, str]:
+def model_fingerprint(model: nn.Module) -> dict[str, Any]:
     r"""
-    SHA-256 of the model's configuration and of its weights' names, shapes, dtypes and 64 evenly spaced values
-    of each: cheap on any model size, and changed by any retraining or re-save of other weights. The
-    configuration is hashed as it differs from its class's defaults (``config_sha256``: a transformers release
-    that adds a setting leaves it alone) and whole (``config_sha256_full``, what runs stored before).
-    Both leave out the path and the transformers version.
+    The model's configuration as JSON (``config``, without its path and transformers version) with its SHA-256,
+    and the SHA-256 of its weights' names, shapes, dtypes and 64 evenly spaced values of each: cheap on any
+    model size, and changed by any retraining or re-save of other weights.
     """
     settings = getattr(model, "config", None)
     if not isinstance(settings, PretrainedConfig):
@@ -148,28 +146,51 @@ def model_fingerprint(model: nn.Module) -> dict[str, str]:
             flat = parameter.detach().reshape(-1)
             sample = flat[:: max(1, flat.numel() // _WEIGHT_SAMPLES)][:_WEIGHT_SAMPLES]
             weights.update(sample.float().cpu().numpy().tobytes())
-    config = settings.to_dict()
-    try:
-        defaults = type(settings)().to_dict()
-    except (TypeError, ValueError):  # a configuration class without defaults for everything: the whole of it
-        defaults = {}
-    differences = {key: value for key, value in config.items() if key not in defaults or defaults[key] != value}
-    return {"config_sha256": _config_hash(differences), "config_sha256_full": _config_hash(config),
+    config = _comparable(settings.to_dict())
+    return {"config": config, "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
             "weights_sha256": weights.hexdigest()}
 
 
-def _config_hash(config: dict[str, Any]) -> str:
+def config_defaults(model: nn.Module) -> dict[str, Any]:
+    r"""The defaults of the model's configuration class as :func:`model_fingerprint` writes a configuration, for
+    :func:`check_model`; empty where the class cannot be built without arguments."""
+    settings = getattr(model, "config", None)
+    try:
+        return _comparable(type(settings)().to_dict()) if isinstance(settings, PretrainedConfig) else {}
+    except Exception:  # any configuration class's own validation error: no defaults known
+        return {}
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    r"""``config`` through JSON (tuples as lists, other objects as strings), without path and version."""
     kept = {key: value for key, value in config.items() if key not in ("_name_or_path", "transformers_version")}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+    return json.loads(json.dumps(kept, sort_keys=True, default=str))
+
+
+def _config_changes(before: dict, now: dict, defaults: dict, prefix: str = "") -> list[str]:
+    r"""The settings that differ between two configurations; a setting only ``now`` has (one a later
+    transformers release added) counts as unchanged where it holds the class's default. Nested configurations
+    are compared setting by setting."""
+    changes = []
+    for key in sorted(set(before) | set(now)):
+        default = defaults.get(key) if isinstance(defaults, dict) else None
+        if key in before and key in now:
+            if isinstance(before[key], dict) and isinstance(now[key], dict):
+                changes += _config_changes(before[key], now[key], default or {}, f"{prefix}{key}.")
+            elif before[key] != now[key]:
+                changes.append(prefix + key)
+        elif key not in now or not isinstance(defaults, dict) or key not in defaults or default != now[key]:
+            changes.append(prefix + key)
+    return changes
 
 
 def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = None) -> dict | None:
     r"""
     Checks that this run may write to ``out``: a folder with records must hold the same configuration
-    (``limit`` aside: a larger one extends the run; ``data_dir`` aside: the data's fingerprint is checked
-    instead, so that a run moved to another machine resumes on its copy of the data) and be resumed. A
-    setting the stored configuration lacks (one added since it was written) counts as its default, so that
-    older runs still resume.
+    (``limit`` aside: a larger one extends the run; ``data_dir`` aside where the data's fingerprint is stored,
+    which is checked instead, so that a run moved to another machine resumes on its copy of the data) and be
+    resumed. A setting the stored configuration lacks (one added since it was written) counts as its default,
+    so that older runs still resume.
 
     Args:
         out (Path): the run's folder.
@@ -187,7 +208,10 @@ def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = 
         raise ValueError(f"{out} holds records but no config.json to check them against; use another --out.")
     stored = json.loads(path.read_text())
     filled = _filled(stored, defaults or {})
-    keys = sorted((set(filled) | set(config)) - {"limit", "data_dir", "fingerprint"})
+    unchecked = {"limit", "fingerprint"}
+    if "data" in stored.get("fingerprint", {}):  # else only the data's folder tells the data apart
+        unchecked.add("data_dir")
+    keys = sorted((set(filled) | set(config)) - unchecked)
     changed = [key for key in keys if filled.get(key) != config.get(key)]
     if changed:
         raise ValueError(f"{out} holds a run with another configuration ({', '.join(changed)} differ, see {path}); "
@@ -223,18 +247,32 @@ def check_data(out: Path, previous: dict | None, examples: Sequence[Example]) ->
         raise ValueError(f"the data changed since {out} was started ({found}); use a new --out for the new data.")
 
 
-def check_model(out: Path, previous: dict | None, fingerprint: dict[str, str]) -> None:
-    r"""Refuses to resume with another model: its configuration and weights must hash as they did (the
-    configuration by either of :func:`model_fingerprint`'s hashes: a run stored before the first kept the whole)."""
+def check_model(out: Path, previous: dict | None, fingerprint: dict[str, Any],
+                defaults: dict[str, Any] | None = None) -> None:
+    r"""
+    Refuses to resume with another model: its weights must hash as they did and its configuration must hold
+    the same settings, except settings added since (by a transformers release) that hold their defaults.
+
+    Args:
+        out (Path): the run's folder.
+        previous (dict or None): its stored ``config.json``.
+        fingerprint (dict): :func:`model_fingerprint` of the model now.
+        defaults (dict, optional): :func:`config_defaults` of the model now. Default: None (no setting may be new)
+    """
     before = (previous or {}).get("fingerprint", {}).get("model")
     if before is None:
         return
-    changed = ["configuration"] * (before.get("config_sha256") not in (fingerprint["config_sha256"],
-                                                                      fingerprint["config_sha256_full"]))
-    changed += ["weights"] * (before.get("weights_sha256") != fingerprint["weights_sha256"])
+    if "config" in before:
+        settings = _config_changes(before["config"], fingerprint["config"], defaults or {})
+    else:  # stored before configurations were: only the hash of the whole
+        settings = [] if before.get("config_sha256") == fingerprint["config_sha256"] else ["?"]
+    changed = ["configuration"] * bool(settings) + ["weights"] * (before["weights_sha256"] != fingerprint[
+        "weights_sha256"])
     if changed:
-        raise ValueError(f"the model's {' and '.join(changed)} changed since {out} was started; use a new --out "
-                         "for the new model.")
+        named = [name for name in settings if name != "?"]
+        detail = f" ({', '.join(named[:8])}{', ...' if len(named) > 8 else ''})" if named else ""
+        raise ValueError(f"the model's {' and '.join(changed)} changed{detail} since {out} was started; use a new "
+                         "--out for the new model.")
 
 
 def write_config(out: Path, config: dict, fingerprint: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from captum_cw.evaluation.report import write_report
 from captum_cw.evaluation.run_folder import (
     check_data,
     check_model,
+    config_defaults,
     data_fingerprint,
     locked,
     model_fingerprint,
@@ -130,7 +131,7 @@ def evaluate(
             chosen_layers(config.protocol, len(find_attention_layers(model)))  # out-of-range layers stop here
         if state.is_main_process:
             fingerprint = model_fingerprint(model)
-            check_model(out, previous, fingerprint)
+            check_model(out, previous, fingerprint, config_defaults(model))
             write_config(out, settings, {"data": data_fingerprint(loaded), "model": fingerprint})
         state.wait_for_everyone()
         shard = out / (f"records.rank{state.process_index}.jsonl" if state.num_processes > 1 else "records.jsonl")

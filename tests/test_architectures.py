@@ -1,7 +1,8 @@
 """Every metric on every supported family equals a float64 brute force of its definition.
 
 The first eight families run the whole (metric x implementation x selection) matrix by default; the
-twelve registered later run one case each by default and the whole matrix with ``-m slow``.
+thirteen later cases (twelve families, Falcon in two layouts) run one case each by default and the whole
+matrix with ``-m slow``.
 """
 
 import functools

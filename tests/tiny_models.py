@@ -75,6 +75,11 @@ def _falcon_value(module: nn.Module, output: Tensor) -> Tensor:  # multi-query: 
     return output[..., -module.head_dim:]
 
 
+def _falcon_grouped_value(module: nn.Module, output: Tensor) -> Tensor:  # per KV group [its q heads | k | v]
+    grouped = output.unflatten(-1, (module.num_kv_heads, -1, module.head_dim))  # [b, n, kv, group + 2, d]
+    return grouped[..., -1, :].flatten(-2)
+
+
 def _decoder(config_class, model_kwargs=None, **extra):
     def build():
         torch.manual_seed(SEED)
@@ -101,11 +106,14 @@ def _gpt_neox():
     return transformers.GPTNeoXForCausalLM(config).eval()
 
 
-def _falcon():  # Falcon-7B's layout: multi-query (one KV head), rotary positions, parallel attention and MLP
-    torch.manual_seed(SEED)
-    config = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                       multi_query=True, parallel_attn=True, initializer_range=0.2)
-    return transformers.FalconForCausalLM(config).eval()
+def _falcon(**layout):
+    def build():
+        torch.manual_seed(SEED)
+        config = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                           initializer_range=0.2, **layout)
+        return transformers.FalconForCausalLM(config).eval()
+
+    return build
 
 
 def _opt():
@@ -213,8 +221,13 @@ FAMILIES = {
     "distilbert": TinyFamily("distilbert", _distilbert, "encoder", "DistilBertSelfAttention", _plain, "v_lin",
                              _linear_projection("out_lin"), padding_side="right"),
     # on the attention interface since transformers 5.25
-    "falcon": TinyFamily("falcon", _falcon, "decoder", "FalconAttention", _falcon_value, "query_key_value",
-                         _linear_projection("dense")),
+    # Falcon-7B: multi-query (one KV head), rotary, parallel attention and MLP
+    "falcon": TinyFamily("falcon", _falcon(multi_query=True, parallel_attn=True), "decoder", "FalconAttention",
+                         _falcon_value, "query_key_value", _linear_projection("dense")),
+    # Falcon-40B/180B and Falcon2: grouped query heads with their key and value per group
+    "falcon_grouped": TinyFamily("falcon_grouped", _falcon(new_decoder_architecture=True, num_kv_heads=2), "decoder",
+                                 "FalconAttention", _falcon_grouped_value, "query_key_value",
+                                 _linear_projection("dense")),
 }
 
 

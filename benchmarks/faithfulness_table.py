@@ -102,7 +102,8 @@ def run_summary(task: str, protocol: str, limit: int, args) -> dict | None:
         return None
     summary = summarize(records, answers=TASK_SPECS[task].answers)
     plot.parent.mkdir(parents=True, exist_ok=True)
-    plot_curves(summary, plot, title=f"{args.model} on {task}, {protocol} level ({len(records)} examples)")
+    unit = "texts" if task in TEXT_TASKS else "examples"
+    plot_curves(summary, plot, title=f"{model_name(args.model)} on {task}, {protocol} level ({len(records)} {unit})")
     kept = {"model": args.model, "task": task, "protocol": protocol, "settings": settings, "summary": summary}
     write_atomically(plot.with_suffix(".json"), json.dumps(kept, indent=1) + "\n")  # read by side_by_side
     return kept

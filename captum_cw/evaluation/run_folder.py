@@ -1,8 +1,8 @@
 """The output folder of an evaluation run: its records, their repair, its lock, its configuration and fingerprints.
 
-A folder holds one run: ``config.json`` (the configuration and fingerprints of the data and the model),
+A folder holds one run: ``config.json`` (the configuration and fingerprints of the data, its tokens and the model),
 ``records*.jsonl`` (one line per finished example) and ``.lock`` (held while a run writes). A run resumes
-only with the same configuration, data and model, and only one run writes to a folder at a time.
+only with the same configuration, data, tokens and model, and only one run writes to a folder at a time.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
-from transformers import PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from captum_cw.evaluation.records import Record, Skipped, parse_record
+from captum_cw.evaluation.sequences import encode
 from captum_cw.tasks import Example
 
-__all__ = ["check_data", "check_model", "config_defaults", "data_fingerprint", "locked", "model_fingerprint",
-           "previous_examples", "previous_run", "read_records", "repair_tail", "write_config"]
+__all__ = ["check_data", "check_model", "check_tokens", "config_defaults", "data_fingerprint", "locked",
+           "model_fingerprint", "previous_examples", "previous_run", "read_records", "repair_tail",
+           "tokens_fingerprint", "write_config"]
 
 _WEIGHT_SAMPLES = 64  # evenly spaced values hashed per parameter
 
@@ -126,6 +128,22 @@ def data_fingerprint(examples: Sequence[Example]) -> dict[str, Any]:
     digest = hashlib.sha256()
     for example in examples:
         digest.update(json.dumps(dataclasses.asdict(example), sort_keys=True).encode() + b"\n")
+    return {"examples": len(examples), "sha256": digest.hexdigest()}
+
+
+def tokens_fingerprint(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
+                       max_tokens: int) -> dict[str, Any]:
+    r"""
+    How many examples and a SHA-256 of the token ids the evaluation feeds the model for them (as
+    :func:`~captum_cw.evaluation.sequences.encode` makes them, with where each choice is scored): the same text
+    through another tokenizer, e.g. another transformers release's conversion of a GGUF one, hashes otherwise.
+    """
+    digest = hashlib.sha256()
+    for example in examples:
+        encoded = encode(example, tokenizer, max_tokens)
+        ids = [sequence.tolist() for sequence in encoded.sequences]
+        choices = [dataclasses.astuple(choice) for choice in encoded.choices]
+        digest.update(json.dumps([ids, choices]).encode() + b"\n")
     return {"examples": len(examples), "sha256": digest.hexdigest()}
 
 
@@ -247,6 +265,21 @@ def check_data(out: Path, previous: dict | None, examples: Sequence[Example]) ->
         raise ValueError(f"the data changed since {out} was started ({found}); use a new --out for the new data.")
 
 
+def check_tokens(out: Path, previous: dict | None, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
+                 max_tokens: int) -> None:
+    r"""
+    Refuses to resume with another tokenization: the first examples, as many as the stored run had, must
+    tokenize as they did. Runs stored before tokens were fingerprinted resume unchecked.
+    """
+    before = (previous or {}).get("fingerprint", {}).get("tokens")
+    if before is None:
+        return
+    if tokens_fingerprint(examples[: before["examples"]], tokenizer, max_tokens) != before:
+        raise ValueError(f"the tokenizer changed since {out} was started: its first {before['examples']} examples "
+                         "tokenize otherwise (another transformers release can convert a tokenizer otherwise); "
+                         "resume with the tokenizer it started with, or use a new --out.")
+
+
 def check_model(out: Path, previous: dict | None, fingerprint: dict[str, Any],
                 defaults: dict[str, Any] | None = None) -> None:
     r"""
@@ -276,7 +309,7 @@ def check_model(out: Path, previous: dict | None, fingerprint: dict[str, Any],
 
 
 def write_config(out: Path, config: dict, fingerprint: dict[str, Any]) -> None:
-    r"""Writes ``out/config.json``: the configuration and the fingerprints of the data and the model."""
+    r"""Writes ``out/config.json``: the configuration and the fingerprints of the data, its tokens and the model."""
     _write_atomically(out / "config.json", json.dumps({**config, "fingerprint": fingerprint}, indent=2).encode())
 
 

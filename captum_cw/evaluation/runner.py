@@ -19,6 +19,7 @@ from captum_cw.evaluation.report import write_report
 from captum_cw.evaluation.run_folder import (
     check_data,
     check_model,
+    check_tokens,
     config_defaults,
     data_fingerprint,
     locked,
@@ -27,6 +28,7 @@ from captum_cw.evaluation.run_folder import (
     previous_run,
     read_records,
     repair_tail,
+    tokens_fingerprint,
     write_config,
 )
 from captum_cw.evaluation.sequences import encode, scoring_problem
@@ -132,7 +134,9 @@ def evaluate(
         if state.is_main_process:
             fingerprint = model_fingerprint(model)
             check_model(out, previous, fingerprint, config_defaults(model))
-            write_config(out, settings, {"data": data_fingerprint(loaded), "model": fingerprint})
+            check_tokens(out, previous, loaded, tokenizer, config.max_tokens)
+            tokens = tokens_fingerprint(loaded, tokenizer, config.max_tokens)
+            write_config(out, settings, {"data": data_fingerprint(loaded), "tokens": tokens, "model": fingerprint})
         state.wait_for_everyone()
         shard = out / (f"records.rank{state.process_index}.jsonl" if state.num_processes > 1 else "records.jsonl")
         repair_tail(shard)

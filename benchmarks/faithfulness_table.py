@@ -274,6 +274,32 @@ def run_options(args) -> str:
     return model + "".join(f"{option} {path} " for option, path in relative.items())
 
 
+def stored_flags(protocol: str, args) -> str:
+    r"""``--soft`` and ``--save-rankings`` as the protocol's first stored run was made (else as asked), for the
+    Reproduce line: a run resumes only with the settings it started with."""
+    for task in TASKS:
+        path = run_folder(task, protocol, args) / "config.json"
+        if path.exists():
+            settings = json.loads(path.read_text())["protocol"]
+            soft, rankings = settings.get("soft", False), settings.get("save_rankings", False)
+            break
+    else:
+        soft, rankings = args.soft, args.save_rankings
+    return " --soft" * soft + " --save-rankings" * rankings
+
+
+def reproduce_line(args) -> str:
+    command = (f"python benchmarks/faithfulness_table.py {run_options(args)}--choice-limit {args.choice_limit} "
+               f"--text-limit {args.text_limit} --input-limit {args.input_limit} --max-tokens {args.max_tokens} "
+               f"--ig-steps {args.ig_steps}")
+    layer, inputs = stored_flags("layer", args), stored_flags("input", args)
+    if layer == inputs or not args.input_limit:
+        commands = f"`{command}{layer}`"
+    else:
+        commands = f"`{command} --protocols layer{layer}`, then `{command} --protocols input{inputs}`"
+    return f"Reproduce: {commands} (runs resume; `--report-only` tabulates what is finished)."
+
+
 def write_results(args) -> str:
     lines = [
         f"# Faithfulness of token rankings on {model_name(args.model)}",
@@ -285,10 +311,7 @@ def write_results(args) -> str:
         "that interval's lower end is at or below chance or one answer makes at least 90% of its predictions, and",
         "the AOPCs are repeated over the examples it answers correctly. Fewer than 30 examples: a warning.",
         "",
-        f"Reproduce: `python benchmarks/faithfulness_table.py {run_options(args)}--choice-limit "
-        f"{args.choice_limit} --text-limit {args.text_limit} --input-limit {args.input_limit} "
-        f"--max-tokens {args.max_tokens} --ig-steps {args.ig_steps}` (runs resume; `--report-only` "
-        "tabulates what is finished).",
+        reproduce_line(args),
         "",
         "## Layer level (the paper's protocol): every query row loses its top-k% keys (comprehensiveness) or all "
         "but them (sufficiency) by value masking, at all layers at once",

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -166,3 +167,25 @@ def test_runs_compute_on_the_device_asked_for(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit):
         table.main()
     assert "'gpu0' is not a device" in capsys.readouterr().err
+
+
+def test_the_reproduce_line_runs_each_protocol_with_the_settings_it_started_with(monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("faithfulness_table", SCRIPT)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--out", str(tmp_path)])
+    captured = {}  # the arguments as the script's own parser makes them
+    monkeypatch.setattr(table, "write_results", lambda parsed: captured.setdefault("args", parsed) and "")
+    monkeypatch.setattr(table, "run", lambda *a: None)
+    table.main()
+    args = captured["args"]
+    command = (f"python benchmarks/faithfulness_table.py --out {os.path.relpath(tmp_path, SCRIPT.parents[1])} "
+               "--choice-limit 200 --text-limit 100 --input-limit 200 --max-tokens 192 --ig-steps 50")
+    assert table.reproduce_line(args).startswith(f"Reproduce: `{command}` (runs resume")
+    for folder, soft in (("mmlu", False), ("boolq_input", True)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text(json.dumps({"protocol": {"soft": soft, "save_rankings": soft}}))
+    assert table.reproduce_line(args).startswith(f"Reproduce: `{command} --protocols layer`, then `{command} "
+                                                 "--protocols input --soft --save-rankings` (runs resume")
+    args.input_limit = 0  # no input level: the layer level's command alone
+    assert "--protocols" not in table.reproduce_line(args)

@@ -36,6 +36,7 @@ from pathlib import Path
 from captum_cw.arguments import device
 from captum_cw.evaluation.report import (
     agreement_cells,
+    agreement_matrix,
     agreement_reference,
     aopc_cells,
     aopc_header,
@@ -172,6 +173,10 @@ def task_table(task: str, protocol: str, kept: dict | None, args) -> list[str]:
     if reference := agreement_reference(summary):
         lines += ["", f"Rank agreement with {reference} (mean over examples, 95% bootstrap interval):", ""]
         lines += markdown_table(["metric", "Kendall tau", "Spearman rho"], agreement_cells(summary, reference))
+        header, *rows = agreement_matrix(summary)
+        lines += ["", "Kendall tau between every two rankings (mean over examples; intervals in the JSON next to "
+                  "the plot):", ""]
+        lines += markdown_table(header, rows)
     if protocol == "layer":
         order = summary["paper_order"]
         lines += ["", "Paper's order attention < value-weighted < output-normalised < CW (inter): "

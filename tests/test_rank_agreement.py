@@ -9,7 +9,7 @@ from captum_cw import ContributionWeights
 from captum_cw.evaluation import load_examples
 from captum_cw.evaluation.agreement import leaves, rank_agreement
 from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
-from captum_cw.evaluation.report import summarize
+from captum_cw.evaluation.report import agreement_matrix, summarize
 from captum_cw.evaluation.sequences import encode
 from captum_cw.models import load_model
 from captum_cw.statistics import kendall_tau, spearman_rho
@@ -109,3 +109,10 @@ def test_input_level_rankings_and_the_summary_agreement(tiny):
                                   for m in ("ig", "cw_last")]).statistic for r in records]
     assert summary["rank_agreement"]["kendall"]["ig"]["cw_last"]["mean"] == pytest.approx(np.mean(by_hand))
     assert summary["rank_agreement"]["kendall"]["ig"]["cw_last"]["n"] == 3
+    by_hand = [stats.kendalltau(*[[r["rankings"][m].index(p) for p in sorted(r["rankings"]["ig"])]
+                                  for m in ("cw_last", "random")]).statistic for r in records]
+    header, *rows = agreement_matrix(summary)
+    assert header == ["", "ig", "cw_last", "random"] and [row[0] for row in rows] == header[1:]
+    assert [rows[i][i + 1] for i in range(3)] == ["1", "1", "1"]  # each ranking with itself
+    assert rows[1][3] == rows[2][2] == f"{np.mean(by_hand):.3f}"  # symmetric, whichever way the pair is stored
+    assert agreement_matrix({"aopc": {"ig": {}}}) == []  # no rankings kept

@@ -28,11 +28,10 @@ from captum_cw.plotting import plot_curves
 from captum_cw.statistics import Interval, bootstrap_interval, mean_interval, wilson_interval
 from captum_cw.tasks import TASKS
 
-__all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_reference", "aopc_cells",
-           "aopc_header",
-           "bootstrap_interval", "choice_check", "choice_line", "ig_completeness", "ig_completeness_line",
-           "order_verdict", "paper_order", "summarize", "summary_lines", "summary_warnings", "wilson_interval",
-           "write_report"]
+__all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_matrix",
+           "agreement_reference", "aopc_cells", "aopc_header", "bootstrap_interval", "choice_check", "choice_line",
+           "ig_completeness", "ig_completeness_line", "order_verdict", "paper_order", "summarize", "summary_lines",
+           "summary_warnings", "wilson_interval", "write_report"]
 
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
 PRIMARY: dict[Kind, str] = {"choice": "prob_drop", "text": "delta_nll"}
@@ -225,6 +224,25 @@ def aopc_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]:
     return [(metric, *(_cell(modes[m][measure]) for m in MODES),
              *(_cell(soft[metric][m][measure]) for m in MODES if metric in soft))
             for metric, modes in part["aopc"].items()]
+
+
+def agreement_matrix(summary: Summary, statistic: str = "kendall") -> list[list[str]]:
+    r"""
+    The mean ``statistic`` (``"kendall"`` or ``"spearman"``) between every two ranked metrics: a header row of
+    their names, then one row per metric (1 on the diagonal, blank where a pair was not ranked on any example).
+    Empty without rank agreement.
+    """
+    table = summary.get("rank_agreement", {}).get(statistic, {})
+    ranked = {metric for pairs in table.values() for metric in pairs} | set(table)
+    metrics = [metric for metric in summary["aopc"] if metric in ranked]
+    if not metrics:
+        return []
+
+    def mean(a: str, b: str) -> str:
+        row = table.get(a, {}).get(b) or table.get(b, {}).get(a)
+        return "1" if a == b else f"{row['mean']:.3f}" if row and row["n"] else ""
+
+    return [["", *metrics]] + [[a, *(mean(a, b) for b in metrics)] for a in metrics]
 
 
 def agreement_cells(summary: Summary, reference: str) -> list[tuple[str, str, str]]:

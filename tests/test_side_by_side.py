@@ -75,7 +75,7 @@ def test_a_model_without_finished_runs_leaves_its_results_file_alone(tmp_path, c
     results.write_text("tables of runs whose folders are gone\n")
     args = table.argparse.Namespace(model="smollm2-135m", out=str(tmp_path / "runs"), results=str(results),
                                     plots=None, tasks=list(table.TASKS), choice_limit=2, text_limit=2,
-                                    input_limit=2, max_tokens=32, ig_steps=2)
+                                    input_limit=2, max_tokens=32, ig_steps=2, soft=False, save_rankings=False)
     table.write_results(args)
     assert results.read_text() == "tables of runs whose folders are gone\n"
     assert "is left as it is" in capsys.readouterr().err

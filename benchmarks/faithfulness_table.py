@@ -361,7 +361,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--ig-steps", type=int, default=50)
-    parser.add_argument("--device", type=device, help="where the runs compute (e.g. cuda); default: the CPU")
+    parser.add_argument("--device", type=device,
+                        help="where the runs compute (e.g. cuda, cpu); default: the accelerator if there is one")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--protocols", nargs="+", default=["layer", "input"], choices=["layer", "input"],
                         help="which protocols to run (the table shows every finished run)")

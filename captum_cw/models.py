@@ -355,9 +355,12 @@ def _check_tokenizer(name: str, tokenizer: PreTrainedTokenizerBase) -> None:
     expected = list(OFFLINE_MODELS[name].probe_ids)
     found = tokenizer(PROBE)["input_ids"]
     if expected and found != expected:
+        fix = (f"Install the release checked: pip install transformers=={CHECKED_TRANSFORMERS}"
+               if transformers.__version__ != CHECKED_TRANSFORMERS else
+               "The transformers release is the one checked: check the tokenizers and gguf packages.")
         raise ValueError(f"transformers {transformers.__version__} tokenizes {PROBE!r} for {name} as {found}, not "
                          f"as {expected} like transformers {CHECKED_TRANSFORMERS}: its numbers would not be "
-                         f"{name}'s. Install the release checked: pip install transformers=={CHECKED_TRANSFORMERS}")
+                         f"{name}'s. {fix}")
 
 
 def readable_tokens(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:

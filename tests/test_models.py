@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
+import transformers
 from huggingface_hub import constants as hub_constants
 
 from captum_cw import models
@@ -31,9 +32,14 @@ def test_an_offline_tokenizer_that_tokenizes_otherwise_is_refused(monkeypatch):
     entry = models.OFFLINE_MODELS["all-minilm-l6-v2"]
     monkeypatch.setitem(models.OFFLINE_MODELS, "all-minilm-l6-v2", dataclasses.replace(entry, probe_ids=(101, 102)))
     message = (f"tokenizes 'The capital of France is' for all-minilm-l6-v2 as {list(entry.probe_ids)}, not as "
-               f"[101, 102] like transformers {models.CHECKED_TRANSFORMERS}: its numbers would not be "
-               f"all-minilm-l6-v2's. Install the release checked: pip install transformers==")
-    with pytest.raises(ValueError, match=re.escape(message)):
+               "[101, 102] like transformers {}: its numbers would not be all-minilm-l6-v2's. ")
+    monkeypatch.setattr(models, "CHECKED_TRANSFORMERS", transformers.__version__)
+    with pytest.raises(ValueError, match=re.escape(message.format(transformers.__version__) + "The transformers "
+                                                   "release is the one checked: check the tokenizers and gguf")):
+        models.load_model("all-minilm-l6-v2")
+    monkeypatch.setattr(models, "CHECKED_TRANSFORMERS", "5.0.0")  # another release than the running one
+    with pytest.raises(ValueError, match=re.escape(message.format("5.0.0") + "Install the release checked: pip "
+                                                   "install transformers==5.0.0")):
         models.load_model("all-minilm-l6-v2")
 
 

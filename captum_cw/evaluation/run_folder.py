@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import transformers
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
@@ -138,13 +139,13 @@ def tokens_fingerprint(examples: Sequence[Example], tokenizer: PreTrainedTokeniz
     :func:`~captum_cw.evaluation.sequences.encode` makes them, with where each choice is scored): the same text
     through another tokenizer, e.g. another transformers release's conversion of a GGUF one, hashes otherwise.
     """
-    digest = hashlib.sha256()
+    digest = hashlib.sha256()  # the release that made the ids is kept to name it, not compared
     for example in examples:
         encoded = encode(example, tokenizer, max_tokens)
         ids = [sequence.tolist() for sequence in encoded.sequences]
         choices = [dataclasses.astuple(choice) for choice in encoded.choices]
         digest.update(json.dumps([ids, choices]).encode() + b"\n")
-    return {"examples": len(examples), "sha256": digest.hexdigest()}
+    return {"examples": len(examples), "sha256": digest.hexdigest(), "transformers": transformers.__version__}
 
 
 def model_fingerprint(model: nn.Module) -> dict[str, Any]:
@@ -274,10 +275,12 @@ def check_tokens(out: Path, previous: dict | None, examples: Sequence[Example], 
     before = (previous or {}).get("fingerprint", {}).get("tokens")
     if before is None:
         return
-    if tokens_fingerprint(examples[: before["examples"]], tokenizer, max_tokens) != before:
+    if tokens_fingerprint(examples[: before["examples"]], tokenizer, max_tokens)["sha256"] != before["sha256"]:
+        release = before.get("transformers")
+        started = f"transformers {release} (pip install transformers=={release})" if release else "it"
         raise ValueError(f"the tokenizer changed since {out} was started: its first {before['examples']} examples "
-                         "tokenize otherwise (another transformers release can convert a tokenizer otherwise); "
-                         "resume with the tokenizer it started with, or use a new --out.")
+                         f"tokenize otherwise (another transformers release can convert a tokenizer otherwise); "
+                         f"resume with the tokenizer it started with, under {started}, or use a new --out.")
 
 
 def check_model(out: Path, previous: dict | None, fingerprint: dict[str, Any],

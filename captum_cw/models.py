@@ -355,8 +355,7 @@ def _prepare_offline_tokenizer(name: str, tokenizer: PreTrainedTokenizerBase) ->
     tokenize :data:`PROBE` as checked.
     """
     if OFFLINE_MODELS[name].add_bos_token is not None:
-        # a property with a setter, which transformers defines apart from its getter: mypy sees it read-only
-        tokenizer.add_bos_token = OFFLINE_MODELS[name].add_bos_token  # type: ignore[misc]
+        tokenizer.add_bos_token = OFFLINE_MODELS[name].add_bos_token
     expected = list(OFFLINE_MODELS[name].probe_ids)
     found = tokenizer(PROBE)["input_ids"]
     if expected and found != expected:

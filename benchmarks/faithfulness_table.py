@@ -87,7 +87,8 @@ def run_summary(task: str, protocol: str, limit: int, args) -> dict | None:
     """
     folder = run_folder(task, protocol, args)
     records = read_records(folder)[:limit] if folder.is_dir() else []
-    settings = run_settings(folder)
+    config = run_config(folder)
+    settings = run_settings(config) if config else None
     plot = plot_folder(args) / f"{folder.name}.png"
     kept = read_kept(plot.with_suffix(".json"), args.model, task, protocol)
     same = kept is not None and (None in (kept.get("settings"), settings) or kept["settings"] == settings)
@@ -107,21 +108,27 @@ def run_summary(task: str, protocol: str, limit: int, args) -> dict | None:
     plot.parent.mkdir(parents=True, exist_ok=True)
     unit = "texts" if task in TEXT_TASKS else "examples"
     plot_curves(summary, plot, title=f"{model_name(args.model)} on {task}, {protocol} level ({len(records)} {unit})")
-    kept = {"model": args.model, "task": task, "protocol": protocol, "settings": settings, "summary": summary}
+    kept = {"model": args.model, "task": task, "protocol": protocol, "settings": settings,
+            "sessions": (config or {}).get("sessions", []), "summary": summary}
     write_atomically(plot.with_suffix(".json"), json.dumps(kept, indent=1) + "\n")  # read by side_by_side
     return kept
 
 
-def run_settings(folder: Path) -> dict | None:
-    r"""What decides the numbers of the run in ``folder``: its config.json without the limit, the data folder,
-    the fingerprints and the batch size; None where it has none."""
+def run_config(folder: Path) -> dict | None:
+    r"""The config.json of the run in ``folder``; None where it has none."""
     try:
-        config = json.loads((folder / "config.json").read_text())
+        return json.loads((folder / "config.json").read_text())
     except FileNotFoundError:
         return None
     except (OSError, json.JSONDecodeError) as error:
         raise SystemExit(f"{folder / 'config.json'} cannot be read ({error}).") from None
-    settings = {key: value for key, value in config.items() if key not in ("limit", "data_dir", "fingerprint")}
+
+
+def run_settings(config: dict) -> dict:
+    r"""What decides the numbers of a run: its config.json without the limit, the data folder, the fingerprints,
+    the sessions and the batch size."""
+    settings = {key: value for key, value in config.items()
+                if key not in ("limit", "data_dir", "fingerprint", "sessions")}
     settings["protocol"] = {key: value for key, value in config["protocol"].items() if key != "batch_size"}
     return settings
 
@@ -187,8 +194,31 @@ def task_table(task: str, protocol: str, kept: dict | None, args) -> list[str]:
         lines += ["", f"By comprehensiveness, most faithful first: {', '.join(ranked)}."]
         if completeness := ig_completeness_line(summary):
             lines += ["", completeness]
+    if computed := provenance_line(kept.get("sessions")):
+        lines += ["", computed]
     link = Path(os.path.relpath(plot, Path(args.results).parent)).as_posix()
     return lines + ["", f"![{task}, {protocol} level]({link})", ""]
+
+
+def provenance_line(sessions: list[dict] | None) -> str | None:
+    r"""Where and with what a run's records were computed, from its config.json's sessions (one entry per
+    environment, from the first record it wrote); None for a run stored before sessions were kept."""
+    if not sessions:
+        return None
+    parts = [f"records 1-{sessions[0]['records_before']}: not recorded"] if sessions[0]["records_before"] else []
+    groups: list[tuple[int, str, tuple]] = []  # (first record, date, environment)
+    for entry in sessions:
+        environment = (", ".join(entry["device_names"]), ", ".join(entry["devices"]), entry["dtype"], entry["torch"],
+                       entry["transformers"], entry["captum_cw"])
+        first = entry["records_before"] + 1
+        if groups and groups[-1][0] == first:  # the session before wrote nothing
+            groups.pop()
+        if not groups or groups[-1][2] != environment:
+            groups.append((first, entry["started"][:10], environment))
+    for first, date, (names, devices, dtype, torch_release, transformers_release, release) in groups:
+        parts.append(f"from record {first} ({date}): {names} ({devices}), {dtype}, torch {torch_release}, "
+                     f"transformers {transformers_release}, captum_cw {release}")
+    return "Computed (the run's config.json): " + "; ".join(parts) + "."
 
 
 def model_name(model: str) -> str:

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
+import captum_cw
 from captum_cw.evaluation import EvaluationConfig, evaluate
 from captum_cw.evaluation.protocols import ProtocolConfig
 from captum_cw.evaluation.report import order_verdict, summarize
@@ -58,6 +61,10 @@ def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tin
     assert sorted(p.name for p in (tmp_path / "faithfulness").iterdir()) == [
         "gsm8k.json", "gsm8k.png", "mmlu.json", "mmlu.png", "mmlu_input.json", "mmlu_input.png"]
     assert "![mmlu, input level](faithfulness/mmlu_input.png)" in input_section
+    session = json.loads((tmp_path / "mmlu" / "config.json").read_text())["sessions"][0]
+    assert (f"Computed (the run's config.json): from record 1 ({session['started'][:10]}): "
+            f"{session['device_names'][0]} (cpu), float32, torch {torch.__version__}, transformers "
+            f"{transformers.__version__}, captum_cw {captum_cw.__version__}.") in text
     assert "Side by side" not in text  # only with --side-by-side
 
     # a second model's tables in their own file, then the side-by-side section of the first file from both
@@ -150,10 +157,37 @@ def test_a_kept_summary_of_another_model_is_named(tmp_path):
     assert completed.returncode == 0, completed.stderr
 
 
-def test_runs_compute_on_the_device_asked_for(monkeypatch, capsys, tmp_path):
+def load_script():
     spec = importlib.util.spec_from_file_location("faithfulness_table", SCRIPT)
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
+    return table
+
+
+def test_the_provenance_line_names_each_environment_from_its_first_record():
+    table = load_script()
+
+    def session(before, started, torch_release="2.13.0+cpu", names=("x86_64",), devices=("cpu",)):
+        return {"started": f"{started}T05:00:00+00:00", "records_before": before, "devices": list(devices),
+                "device_names": list(names), "dtype": "float32", "torch": torch_release,
+                "transformers": "5.25.0", "captum_cw": "0.1.0", "python": "3.12.1"}
+
+    assert table.provenance_line(None) is None and table.provenance_line([]) is None
+    cpu = "x86_64 (cpu), float32, torch 2.13.0+cpu, transformers 5.25.0, captum_cw 0.1.0"
+    gpu = "NVIDIA H200 (cuda:0), float32, torch 2.13.0, transformers 5.25.0, captum_cw 0.1.0"
+    h200 = {"torch_release": "2.13.0", "names": ["NVIDIA H200"], "devices": ["cuda:0"]}
+    sessions = [session(15, "2026-12-05"), session(40, "2026-12-05"),  # the same environment: one entry
+                session(90, "2026-12-06", **h200),
+                session(120, "2026-12-07"), session(120, "2026-12-08", **h200)]  # the CPU session wrote nothing
+    assert table.provenance_line(sessions) == (
+        f"Computed (the run's config.json): records 1-15: not recorded; from record 16 (2026-12-05): {cpu}; "
+        f"from record 91 (2026-12-06): {gpu}.")  # the last three sessions: one environment from record 91
+    assert table.provenance_line([session(0, "2026-12-05")]) == (
+        f"Computed (the run's config.json): from record 1 (2026-12-05): {cpu}.")
+
+
+def test_runs_compute_on_the_device_asked_for(monkeypatch, capsys, tmp_path):
+    table = load_script()
     commands = []
     monkeypatch.setattr(table.subprocess, "run", lambda command, check: commands.append(command))
     monkeypatch.setattr(table, "write_results", lambda args: "")
@@ -170,9 +204,7 @@ def test_runs_compute_on_the_device_asked_for(monkeypatch, capsys, tmp_path):
 
 
 def test_the_reproduce_line_runs_each_protocol_with_the_settings_it_started_with(monkeypatch, tmp_path):
-    spec = importlib.util.spec_from_file_location("faithfulness_table", SCRIPT)
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = load_script()
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--out", str(tmp_path)])
     captured = {}  # the arguments as the script's own parser makes them
     monkeypatch.setattr(table, "write_results", lambda parsed: captured.setdefault("args", parsed) and "")

@@ -92,6 +92,25 @@ def test_resume_keeps_a_record_that_lost_its_newline(tiny, tmp_path):
     assert [json.loads(line)["id"] for line in records.read_text().splitlines()] == ["gsm8k-0", "gsm8k-1", "gsm8k-2"]
 
 
+def test_each_session_keeps_its_environment_and_a_run_stored_without_sessions_resumes(tiny, tmp_path):
+    _run(tiny, _config(TEST_DATA, limit=1), tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    first = stored["sessions"]
+    assert len(first) == 1 and first[0]["records_before"] == 0
+    assert first[0]["devices"] == ["cpu"] and first[0]["dtype"] == "float32"
+    assert (first[0]["torch"], first[0]["transformers"]) == (torch.__version__, transformers.__version__)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", first[0]["started"])
+    _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)
+    sessions = json.loads((tmp_path / "config.json").read_text())["sessions"]
+    assert sessions[0] == first[0] and sessions[1]["records_before"] == 1
+    del stored["sessions"]  # written before sessions were kept: resumes, and its list starts with this session
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    _run(tiny, _config(TEST_DATA, limit=4), tmp_path, resume=True)
+    sessions = json.loads((tmp_path / "config.json").read_text())["sessions"]
+    assert [s["records_before"] for s in sessions] == [3]
+    assert len(read_records(tmp_path)) == 4
+
+
 def test_resume_refuses_changed_data_at_the_same_path(tiny, tmp_path):
     data = _copy_data(tmp_path)
     out = tmp_path / "out"

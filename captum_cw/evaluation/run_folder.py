@@ -1,6 +1,7 @@
 """The output folder of an evaluation run: its records, their repair, its lock, its configuration and fingerprints.
 
-A folder holds one run: ``config.json`` (the configuration and fingerprints of the data, its tokens and the model),
+A folder holds one run: ``config.json`` (the configuration, the fingerprints of the data, its tokens and the model,
+and each session's environment),
 ``records*.jsonl`` (one line per finished example) and ``.lock`` (held while a run writes). A run resumes
 only with the same configuration, data, tokens and model, and only one run writes to a folder at a time.
 """
@@ -12,12 +13,15 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import torch
 import transformers
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -27,7 +31,7 @@ from captum_cw.evaluation.sequences import encode
 from captum_cw.tasks import Example
 
 __all__ = ["check_data", "check_model", "check_tokens", "config_defaults", "data_fingerprint", "locked",
-           "model_fingerprint", "previous_examples", "previous_run", "read_records", "repair_tail",
+           "model_fingerprint", "previous_examples", "previous_run", "read_records", "repair_tail", "session",
            "tokens_fingerprint", "write_config"]
 
 _WEIGHT_SAMPLES = 64  # evenly spaced values hashed per parameter
@@ -227,7 +231,7 @@ def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = 
         raise ValueError(f"{out} holds records but no config.json to check them against; use another --out.")
     stored = json.loads(path.read_text())
     filled = _filled(stored, defaults or {})
-    unchecked = {"limit", "fingerprint"}
+    unchecked = {"limit", "fingerprint", "sessions"}
     if "data" in stored.get("fingerprint", {}):  # else only the data's folder tells the data apart
         unchecked.add("data_dir")
     keys = sorted((set(filled) | set(config)) - unchecked)
@@ -311,9 +315,30 @@ def check_model(out: Path, previous: dict | None, fingerprint: dict[str, Any],
                          "--out for the new model.")
 
 
-def write_config(out: Path, config: dict, fingerprint: dict[str, Any]) -> None:
-    r"""Writes ``out/config.json``: the configuration and the fingerprints of the data, its tokens and the model."""
-    _write_atomically(out / "config.json", json.dumps({**config, "fingerprint": fingerprint}, indent=2).encode())
+def session(model: nn.Module, records_before: int) -> dict[str, Any]:
+    r"""
+    Where and with what one session of a run computes, for ``config.json``'s ``sessions``: when it started (UTC),
+    how many records the folder held before it, the model's devices (with the accelerator's name) and dtype, and
+    the releases of torch, transformers, captum_cw and Python.
+    """
+    from captum_cw import __version__
+
+    parameters = list(model.parameters())
+    devices = sorted({p.device for p in parameters}, key=str)
+    names = sorted({torch.cuda.get_device_name(device) for device in devices if device.type == "cuda"})
+    return {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "records_before": records_before,
+            "devices": [str(device) for device in devices], "device_names": names or [platform.machine()],
+            "dtype": str(parameters[0].dtype).removeprefix("torch."), "torch": torch.__version__,
+            "transformers": transformers.__version__, "captum_cw": __version__, "python": platform.python_version()}
+
+
+def write_config(out: Path, config: dict, fingerprint: dict[str, Any], sessions: Sequence[dict[str, Any]] = ()) -> None:
+    r"""
+    Writes ``out/config.json``: the configuration, the fingerprints of the data, its tokens and the model, and
+    the environment of each session that wrote records (:func:`session`, oldest first; not compared on resume).
+    """
+    _write_atomically(out / "config.json", json.dumps({**config, "fingerprint": fingerprint,
+                                                       "sessions": list(sessions)}, indent=2).encode())
 
 
 def previous_examples(previous: dict | None) -> int | None:

@@ -28,6 +28,7 @@ from captum_cw.evaluation.run_folder import (
     previous_run,
     read_records,
     repair_tail,
+    session,
     tokens_fingerprint,
     write_config,
 )
@@ -84,8 +85,9 @@ def evaluate(
     ``records*.jsonl`` (one line per example, flushed as it finishes; an example
     too short to score is recorded as skipped, with the reason), ``summary.csv``,
     ``summary.json`` and PNG curves under ``out``. ``config.json`` there keeps the
-    configuration and fingerprints of the data, its tokens and the model; ``out/.lock`` keeps
-    a second run off the folder while this one writes.
+    configuration, the fingerprints of the data, its tokens and the model, and each session's
+    environment (devices, dtype, releases); ``out/.lock`` keeps a second run off the folder
+    while this one writes.
 
     Under ``accelerate launch --multi_gpu --num_processes K`` (also on CPU-only
     machines) each process takes every K-th example and writes its own shard;
@@ -137,7 +139,10 @@ def evaluate(
             check_model(out, previous, fingerprint, config_defaults(model))
             check_tokens(out, previous, loaded, tokenizer, config.max_tokens)
             tokens = tokens_fingerprint(loaded, tokenizer, config.max_tokens)
-            write_config(out, settings, {"data": data_fingerprint(loaded), "tokens": tokens, "model": fingerprint})
+            sessions = (previous or {}).get("sessions", []) + [
+                session(model, len(read_records(out, include_skipped=True)) if previous else 0)]
+            write_config(out, settings, {"data": data_fingerprint(loaded), "tokens": tokens, "model": fingerprint},
+                         sessions)
         state.wait_for_everyone()
         shard = out / (f"records.rank{state.process_index}.jsonl" if state.num_processes > 1 else "records.jsonl")
         repair_tail(shard)

@@ -194,15 +194,16 @@ def task_table(task: str, protocol: str, kept: dict | None, args) -> list[str]:
         lines += ["", f"By comprehensiveness, most faithful first: {', '.join(ranked)}."]
         if completeness := ig_completeness_line(summary):
             lines += ["", completeness]
-    if computed := provenance_line(kept.get("sessions")):
+    if computed := provenance_line(kept.get("sessions"), summary["n_examples"] + len(summary.get("skipped", []))):
         lines += ["", computed]
     link = Path(os.path.relpath(plot, Path(args.results).parent)).as_posix()
     return lines + ["", f"![{task}, {protocol} level]({link})", ""]
 
 
-def provenance_line(sessions: list[dict] | None) -> str | None:
-    r"""Where and with what a run's records were computed, from its config.json's sessions (one entry per
-    environment, from the first record it wrote); None for a run stored before sessions were kept."""
+def provenance_line(sessions: list[dict] | None, shown: int) -> str | None:
+    r"""Where and with what the first ``shown`` records of a run (in the order written, skipped ones included) were
+    computed, from its config.json's sessions (one entry per environment, from the first record it wrote); None
+    for a run stored before sessions were kept."""
     if not sessions:
         return None
     parts = [f"records 1-{sessions[0]['records_before']}: not recorded"] if sessions[0]["records_before"] else []
@@ -216,6 +217,8 @@ def provenance_line(sessions: list[dict] | None) -> str | None:
         if not groups or groups[-1][2] != environment:
             groups.append((first, entry["started"][:10], environment))
     for first, date, (names, devices, dtype, torch_release, transformers_release, release) in groups:
+        if first > shown:
+            break
         parts.append(f"from record {first} ({date}): {names} ({devices}), {dtype}, torch {torch_release}, "
                      f"transformers {transformers_release}, captum_cw {release}")
     return "Computed (the run's config.json): " + "; ".join(parts) + "."

@@ -173,7 +173,8 @@ def _dequantized(name: str) -> Path | None:
         with _claimed(building) as release:
             with _gguf_folder(name, scratch=folder.parent) as gguf:
                 tokenizer = AutoTokenizer.from_pretrained(gguf, gguf_file=entry.gguf_file)
-                tokenizer.save_pretrained(building)  # as converted: the flag set next is not saved anyway
+                # saved as converted: add_bos_token's setter rewrites the post-processor, which would be saved
+                tokenizer.save_pretrained(building)
                 _prepare_offline_tokenizer(name, tokenizer)  # before the slow part: a refused release stops here
                 model = AutoModelForCausalLM.from_pretrained(gguf, gguf_file=entry.gguf_file)
             # the weights are plain float32 tensors once loaded; from_pretrained sets hf_quantizer, which

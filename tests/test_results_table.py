@@ -172,17 +172,19 @@ def test_the_provenance_line_names_each_environment_from_its_first_record():
                 "device_names": list(names), "dtype": "float32", "torch": torch_release,
                 "transformers": "5.25.0", "captum_cw": "0.1.0", "python": "3.12.1"}
 
-    assert table.provenance_line(None) is None and table.provenance_line([]) is None
+    assert table.provenance_line(None, 5) is None and table.provenance_line([], 5) is None
     cpu = "x86_64 (cpu), float32, torch 2.13.0+cpu, transformers 5.25.0, captum_cw 0.1.0"
     gpu = "NVIDIA H200 (cuda:0), float32, torch 2.13.0, transformers 5.25.0, captum_cw 0.1.0"
     h200 = {"torch_release": "2.13.0", "names": ["NVIDIA H200"], "devices": ["cuda:0"]}
     sessions = [session(15, "2026-12-05"), session(40, "2026-12-05"),  # the same environment: one entry
                 session(90, "2026-12-06", **h200),
                 session(120, "2026-12-07"), session(120, "2026-12-08", **h200)]  # the CPU session wrote nothing
-    assert table.provenance_line(sessions) == (
+    assert table.provenance_line(sessions, 200) == (
         f"Computed (the run's config.json): records 1-15: not recorded; from record 16 (2026-12-05): {cpu}; "
         f"from record 91 (2026-12-06): {gpu}.")  # the last three sessions: one environment from record 91
-    assert table.provenance_line([session(0, "2026-12-05")]) == (
+    assert table.provenance_line(sessions, 90) == (  # a table of the first 90 records: the GPU's are not in it
+        f"Computed (the run's config.json): records 1-15: not recorded; from record 16 (2026-12-05): {cpu}.")
+    assert table.provenance_line([session(0, "2026-12-05")], 1) == (
         f"Computed (the run's config.json): from record 1 (2026-12-05): {cpu}.")
 
 

@@ -103,6 +103,8 @@ def test_each_session_keeps_its_environment_and_a_run_stored_without_sessions_re
     _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)
     sessions = json.loads((tmp_path / "config.json").read_text())["sessions"]
     assert sessions[0] == first[0] and sessions[1]["records_before"] == 1
+    _run(tiny, _config(TEST_DATA, limit=2), tmp_path, resume=True)  # nothing left to compute: no session
+    assert json.loads((tmp_path / "config.json").read_text())["sessions"] == sessions
     del stored["sessions"]  # written before sessions were kept: resumes, and its list starts with this session
     (tmp_path / "config.json").write_text(json.dumps(stored))
     _run(tiny, _config(TEST_DATA, limit=4), tmp_path, resume=True)

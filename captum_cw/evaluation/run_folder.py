@@ -326,16 +326,18 @@ def session(model: nn.Module, records_before: int) -> dict[str, Any]:
     parameters = list(model.parameters())
     devices = sorted({p.device for p in parameters}, key=str)
     names = sorted({torch.cuda.get_device_name(device) for device in devices if device.type == "cuda"})
+    dtype = str(parameters[0].dtype).removeprefix("torch.") if parameters else None
     return {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "records_before": records_before,
             "devices": [str(device) for device in devices], "device_names": names or [platform.machine()],
-            "dtype": str(parameters[0].dtype).removeprefix("torch."), "torch": torch.__version__,
+            "dtype": dtype, "torch": torch.__version__,
             "transformers": transformers.__version__, "captum_cw": __version__, "python": platform.python_version()}
 
 
 def write_config(out: Path, config: dict, fingerprint: dict[str, Any], sessions: Sequence[dict[str, Any]] = ()) -> None:
     r"""
     Writes ``out/config.json``: the configuration, the fingerprints of the data, its tokens and the model, and
-    the environment of each session that wrote records (:func:`session`, oldest first; not compared on resume).
+    the environment of each session that had examples left to compute (:func:`session`, oldest first; not
+    compared on resume).
     """
     _write_atomically(out / "config.json", json.dumps({**config, "fingerprint": fingerprint,
                                                        "sessions": list(sessions)}, indent=2).encode())

@@ -139,8 +139,9 @@ def evaluate(
             check_model(out, previous, fingerprint, config_defaults(model))
             check_tokens(out, previous, loaded, tokenizer, config.max_tokens)
             tokens = tokens_fingerprint(loaded, tokenizer, config.max_tokens)
-            sessions = (previous or {}).get("sessions", []) + [
-                session(model, len(read_records(out, include_skipped=True)) if previous else 0)]
+            written = [record["id"] for record in read_records(out, include_skipped=True)] if previous else []
+            pending = {example.id for example in examples} - set(written)  # a session that computes nothing is not kept
+            sessions = (previous or {}).get("sessions", []) + [session(model, len(written))] * bool(pending)
             write_config(out, settings, {"data": data_fingerprint(loaded), "tokens": tokens, "model": fingerprint},
                          sessions)
         state.wait_for_everyone()

@@ -1,5 +1,6 @@
 """benchmarks/faithfulness_table.py --report-only: the tables of docs/RESULTS.md from finished runs."""
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -12,7 +13,6 @@ import pytest
 import torch
 import transformers
 
-import captum_cw
 from captum_cw.evaluation import EvaluationConfig, evaluate
 from captum_cw.evaluation.protocols import ProtocolConfig
 from captum_cw.evaluation.report import order_verdict, summarize
@@ -64,7 +64,8 @@ def test_report_only_tabulates_the_first_examples_and_keeps_the_observations(tin
     session = json.loads((tmp_path / "mmlu" / "config.json").read_text())["sessions"][0]
     assert (f"Computed (the run's config.json): from record 1 ({session['started'][:10]}): "
             f"{session['device_names'][0]} (cpu), float32, torch {torch.__version__}, transformers "
-            f"{transformers.__version__}, captum_cw {captum_cw.__version__}.") in text
+            f"{transformers.__version__}, captum_cw {session['captum_cw']}.") in text
+    assert session["captum_cw"] == importlib.metadata.version("captum_cw")
     assert "Side by side" not in text  # only with --side-by-side
 
     # a second model's tables in their own file, then the side-by-side section of the first file from both

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -321,16 +322,22 @@ def session(model: nn.Module, records_before: int) -> dict[str, Any]:
     how many records the folder held before it, the model's devices (with the accelerator's name) and dtype, and
     the releases of torch, transformers, captum_cw and Python.
     """
-    from captum_cw import __version__
-
     parameters = list(model.parameters())
     devices = sorted({p.device for p in parameters}, key=str)
     names = sorted({torch.cuda.get_device_name(device) for device in devices if device.type == "cuda"})
     dtype = str(parameters[0].dtype).removeprefix("torch.") if parameters else None
     return {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "records_before": records_before,
             "devices": [str(device) for device in devices], "device_names": names or [platform.machine()],
-            "dtype": dtype, "torch": torch.__version__,
-            "transformers": transformers.__version__, "captum_cw": __version__, "python": platform.python_version()}
+            "dtype": dtype, "torch": torch.__version__, "transformers": transformers.__version__,
+            "captum_cw": _installed_release(), "python": platform.python_version()}
+
+
+def _installed_release() -> str | None:
+    r"""captum_cw's release as installed; None where it runs from a source tree that is not installed."""
+    try:
+        return importlib.metadata.version("captum_cw")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def write_config(out: Path, config: dict, fingerprint: dict[str, Any], sessions: Sequence[dict[str, Any]] = ()) -> None:

@@ -11,7 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "captum_cw"
 
 # module or subpackage -> layer; a new module must be placed here (test_every_module_has_a_layer)
 LAYERS = {
-    # 0: no captum_cw imports; tensors, numbers, files and figures
+    # -1: the exceptions, importable from everywhere
+    "captum_cw.errors": -1,
+    # 0: no captum_cw imports but the exceptions; tensors, numbers, files and figures
     "captum_cw.arguments": 0,
     "captum_cw.geometry": 0,
     "captum_cw.layer_aggregation": 0,

@@ -1,0 +1,200 @@
+"""Ground-truth context tasks: the answer is stated in one known place of a context among distractors.
+
+Each generator is seeded and needs no files: ``context_examples("who_lives_where", 100, seed=0, distractors=3)``
+gives the same 100 examples on every machine. An example's context is a list of *sources* (one fact each, in
+random order); exactly one of them, the *evidence*, states what the question asks; the others are distractors
+of the same form. A method that explains the model's answer should put its mass on the evidence: the tasks
+give context attribution a ground truth (pointing accuracy, mass on the evidence) on examples the model answers
+correctly. The answer is scored among ``candidates`` (every answer a source of the example would give), so
+chance is ``1 / len(candidates)``.
+
+Two kinds of tasks: in *copy* tasks the answer's words stand in the evidence (a score that projects on the
+answer's unembedding finds them by construction, where embeddings are tied); in the others the evidence
+implies the answer without containing it (a yes/no question about a fact, a country implied by a city), so a
+method has to find the fact, not the string.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["CONTEXT_TASKS", "ContextExample", "ContextTask", "context_examples"]
+
+# single words that are one token, with their leading space, in the bundled models' tokenizers
+NAMES = ("Anna", "Tom", "Maria", "John", "Paul", "Sarah", "David", "Emma", "Peter", "Lucy", "Mark", "Alice",
+         "James", "Laura", "Kevin", "Nina")
+CITIES = {"Paris": "France", "Rome": "Italy", "London": "England", "Berlin": "Germany", "Madrid": "Spain",
+          "Tokyo": "Japan", "Cairo": "Egypt", "Moscow": "Russia", "Dublin": "Ireland", "Athens": "Greece",
+          "Lisbon": "Portugal", "Beijing": "China", "Delhi": "India", "Toronto": "Canada"}
+OBJECTS = ("apple", "chair", "river", "table", "lamp", "horse", "cloud", "stone", "bottle", "garden", "window",
+           "pencil", "mirror", "candle", "bridge", "basket")
+COLOURS = ("red", "blue", "green", "yellow", "black", "white", "brown", "pink", "orange", "purple")
+ADJECTIVES = ("old", "new", "big", "small", "dark", "bright")
+
+
+@dataclass(frozen=True)
+class ContextExample:
+    r"""
+    One ground-truth context example.
+
+    Attributes:
+        id (str): ``"{task}-{index}"``.
+        task (str): the generator's name.
+        sources (tuple[str, ...]): the context, one fact per source; the context is their concatenation.
+        question (str): what follows the context; the model answers after it.
+        answer (str): the expected continuation, with its leading space (``" Paris"``).
+        candidates (tuple[str, ...]): the answer and every other answer a source could give (chance is one over
+                    their number), each with its leading space.
+        evidence (int): the index of the source that states what the question asks.
+        copy (bool): whether the answer's words stand in the evidence (a copy task).
+    """
+
+    id: str
+    task: str
+    sources: tuple[str, ...]
+    question: str
+    answer: str
+    candidates: tuple[str, ...]
+    evidence: int
+    copy: bool
+
+    @property
+    def context(self) -> str:
+        return "".join(self.sources)
+
+    @property
+    def prompt(self) -> str:
+        return self.context + self.question
+
+    def source_spans(self) -> list[tuple[int, int]]:
+        r"""The character span ``[start, end)`` of each source in :attr:`prompt`."""
+        spans, start = [], 0
+        for source in self.sources:
+            spans.append((start, start + len(source)))
+            start += len(source)
+        return spans
+
+    def answer_spans(self) -> list[tuple[int, int]]:
+        r"""Where the answer's word stands in the context (character spans in :attr:`prompt`): the in-context copy
+        of the answer that a copy task's evidence holds (empty for the other tasks)."""
+        word, context, spans, start = self.answer.strip(), self.context, [], 0
+        while (found := context.find(word, start)) >= 0:
+            spans.append((found, found + len(word)))
+            start = found + len(word)
+        return spans
+
+
+@dataclass(frozen=True)
+class ContextTask:
+    r"""A generator of ground-truth examples: ``make(rng, distractors)`` returns ``(sources, question, answer,
+    candidates, evidence)``; ``copy`` says whether the answer's words stand in the evidence."""
+
+    name: str
+    description: str
+    copy: bool
+    make: Callable[[random.Random, int], tuple[list[str], str, str, list[str], int]]
+
+
+def _who_lives_where(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    names = rng.sample(NAMES, distractors + 1)
+    cities = rng.sample(list(CITIES), distractors + 1)
+    sources = [f"{name} lives in {city}. " for name, city in zip(names, cities)]
+    asked = rng.randrange(len(names))
+    return sources, f"{names[asked]} lives in", f" {cities[asked]}", [f" {c}" for c in cities], asked
+
+
+def _key_value(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    objects = rng.sample(OBJECTS, distractors + 1)
+    colours = rng.sample(COLOURS, distractors + 1)
+    sources = [f"The {thing} is {colour}. " for thing, colour in zip(objects, colours)]
+    asked = rng.randrange(len(objects))
+    return sources, f"The {objects[asked]} is", f" {colours[asked]}", [f" {c}" for c in colours], asked
+
+
+def _induction(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    r"""Two-word keys that share words with the distractors (only both words tell the asked key apart), each
+    followed by a number: ``"old apple: 7\n"``; the question repeats one key."""
+    adjectives = rng.sample(ADJECTIVES, 2)
+    nouns = rng.sample(OBJECTS, (distractors + 2) // 2)
+    keys = [(a, n) for n in nouns for a in adjectives][: distractors + 1]
+    rng.shuffle(keys)
+    numbers = rng.sample(range(1, 10), distractors + 1)
+    sources = [f"{a} {n}: {k}\n" for (a, n), k in zip(keys, numbers)]
+    asked = rng.randrange(len(keys))
+    a, n = keys[asked]
+    return sources, f"{a} {n}:", f" {numbers[asked]}", [f" {k}" for k in numbers], asked
+
+
+def _where_question(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    r"""The fact stated in a passage, then asked in another form."""
+    sources, _, answer, candidates, asked = _who_lives_where(rng, distractors)
+    name = sources[asked].split(" lives in ")[0]
+    return sources, f"\nQuestion: Where does {name} live?\nAnswer:", answer, candidates, asked
+
+
+def _country_of_city(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    r"""The evidence names a city; the answer is its country, which the context never states."""
+    names = rng.sample(NAMES, distractors + 1)
+    cities = rng.sample(list(CITIES), distractors + 1)
+    sources = [f"{name} lives in {city}. " for name, city in zip(names, cities)]
+    asked = rng.randrange(len(names))
+    return (sources, f"{names[asked]} lives in the country of", f" {CITIES[cities[asked]]}",
+            [f" {CITIES[c]}" for c in cities], asked)
+
+
+def _yes_no(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    r"""A yes/no question about one fact: the evidence is the fact about the asked person, true or not."""
+    names = rng.sample(NAMES, distractors + 1)
+    cities = rng.sample(list(CITIES), distractors + 2)
+    sources = [f"{name} lives in {city}. " for name, city in zip(names, cities)]
+    asked = rng.randrange(len(names))
+    truth = rng.random() < 0.5
+    city = cities[asked] if truth else cities[-1]  # the last city is nobody's
+    return (sources, f"\nQuestion: Does {names[asked]} live in {city}?\nAnswer:", " yes" if truth else " no",
+            [" yes", " no"], asked)
+
+
+CONTEXT_TASKS: dict[str, ContextTask] = {task.name: task for task in (
+    ContextTask("who_lives_where", "'Anna lives in Paris. Tom lives in Rome. ...' then 'Tom lives in'", True,
+                _who_lives_where),
+    ContextTask("key_value", "'The apple is red. The chair is blue. ...' then 'The chair is'", True, _key_value),
+    ContextTask("induction", "lines 'old apple: 7' with two-word keys sharing words, then one key repeated", True,
+                _induction),
+    ContextTask("where_question", "who lives where, then 'Question: Where does Tom live?\\nAnswer:'", True,
+                _where_question),
+    ContextTask("country_of_city", "who lives where, then 'Tom lives in the country of' (the country is never "
+                "stated)", False, _country_of_city),
+    ContextTask("yes_no", "who lives where, then 'Question: Does Tom live in Rome?\\nAnswer:' (yes or no)", False,
+                _yes_no),
+)}
+
+
+def context_examples(task: str, n: int, seed: int = 0, distractors: int = 3) -> list[ContextExample]:
+    r"""
+    ``n`` examples of a ground-truth context task, the same for the same arguments on every machine.
+
+    Args:
+        task (str): one of :data:`CONTEXT_TASKS`.
+        n (int): how many examples.
+        seed (int, optional): the generator's seed. Default: 0
+        distractors (int, optional): sources besides the evidence. Default: 3
+    Returns:
+        list of :class:`ContextExample`.
+    """
+    if task not in CONTEXT_TASKS:
+        raise ValueError(f"Unknown context task {task!r}; choose one of {', '.join(CONTEXT_TASKS)}.")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative number of examples, got {n!r}.")
+    if isinstance(distractors, bool) or not isinstance(distractors, int) or not 1 <= distractors <= 8:
+        raise ValueError(f"distractors must be an int from 1 to 8 (sources besides the evidence), got "
+                         f"{distractors!r}.")
+    spec = CONTEXT_TASKS[task]
+    rng = random.Random(f"{task}:{seed}:{distractors}")
+    examples = []
+    for index in range(n):
+        sources, question, answer, candidates, evidence = spec.make(rng, distractors)
+        examples.append(ContextExample(f"{task}-{index}", task, tuple(sources), question, answer,
+                                       tuple(dict.fromkeys(candidates)), evidence, spec.copy))
+    return examples

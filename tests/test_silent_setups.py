@@ -193,6 +193,20 @@ def test_an_attention_mask_in_additional_forward_args_is_the_mask(bert, how):
     torch.testing.assert_close(scores, reference["cw_intra"].float(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("how", ["dict", "positional"])
+def test_token_contributions_read_a_mask_in_additional_forward_args(how):
+    family = FAMILIES["llama"]
+    model = family.build()
+    ids, _ = example_inputs(family)
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0  # right padded: example 1's last real token is position 5
+    reference = reference_metrics(family, model, ids, mask)["cw_inter"][:, -1].sum(1)  # [batch, n, n]
+    expected = torch.stack([reference[0, 8], reference[1, 5]]).float()
+    extra = {"attention_mask": mask} if how == "dict" else (mask,)  # LlamaForCausalLM.forward(input_ids, mask)
+    scores = TokenContributions(model, layer_aggregation="last").attribute(ids, additional_forward_args=extra)
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_two_different_attention_masks_are_refused(bert):
     model, ids, mask, _ = bert
     with pytest.raises(InputError, match="two different attention masks"):

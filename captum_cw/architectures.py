@@ -29,6 +29,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from captum_cw.errors import InputError, UnsupportedArchitectureError
+
 __all__ = [
     "Architecture",
     "AttentionLayer",
@@ -64,7 +66,7 @@ class Architecture:
 
     def __post_init__(self) -> None:
         if self.weight_layout not in ("linear", "conv1d"):
-            raise ValueError(f"weight_layout must be 'linear' (nn.Linear) or 'conv1d' (GPT-2's Conv1D), "
+            raise InputError(f"weight_layout must be 'linear' (nn.Linear) or 'conv1d' (GPT-2's Conv1D), "
                              f"got {self.weight_layout!r}.")
 
 
@@ -123,8 +125,8 @@ class AttentionLayer:
         r"""The output projection's weight matrix, in its ``weight_layout``."""
         weight = self.output_projection.weight
         if not isinstance(weight, Tensor):
-            raise ValueError(f"layer {self.index}'s output projection {type(self.output_projection).__name__} has "
-                             "no weight tensor.")
+            raise UnsupportedArchitectureError(f"layer {self.index}'s output projection "
+                                               f"{type(self.output_projection).__name__} has no weight tensor.")
         return weight
 
     def head_projections(self, n_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -141,10 +143,21 @@ class AttentionLayer:
         return weight.reshape(n_heads, -1, weight.shape[-1])  # [head, d_head, d_model]
 
 
+def _model_config(model: nn.Module) -> object | None:
+    r"""The model's ``config``, else that of the first submodule with one (a wrapper around a model)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "model_type", None):
+            return config
+    return None
+
+
 def _model_types(model: nn.Module) -> list[str]:
-    config = getattr(model, "config", None)
+    r"""The keys the registry is looked up under: the model type of the model's (or the wrapped model's)
+    config and of its sub-configs, else the model's class name."""
+    config = _model_config(model)
     if config is None:
-        return []
+        return [type(model).__name__]
     types = [getattr(config, "model_type", "")]
     for name in getattr(config, "sub_configs", {}) or {}:
         sub = getattr(config, name, None)
@@ -165,8 +178,10 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
     r"""
     Finds the attention layers of ``model`` in forward order.
 
-    A family registered under ``config.model_type`` (or a sub-config's) is
-    resolved from its :class:`Architecture`. Any other family is discovered:
+    A family registered under ``config.model_type`` (or a sub-config's; for a
+    wrapper without a config, the wrapped model's, and for a model without any
+    config, its class name) is resolved from its :class:`Architecture`. Any
+    other family is discovered:
 
     - its attention modules are those whose class's ``forward`` reads
       ``ALL_ATTENTION_FUNCTIONS`` (transformers' attention interface), leaving
@@ -185,10 +200,13 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
     (``verify=True``, the default): with ``verify=False`` nothing checks it.
 
     Raises:
-        ValueError: if the registered class is missing from the model, the
-                    family's attention does not go through the attention
-                    interface, or discovery finds no attention module, more
-                    than one attention class, or no output projection.
+        UnsupportedArchitectureError: if the registered class is missing from
+                    the model or its ``output_projection`` is not a submodule,
+                    the family's attention does not go through the attention
+                    interface, the model is an encoder-decoder (attention in
+                    both an encoder and a decoder stack), or discovery finds no
+                    attention module, more than one attention class, or no
+                    output projection.
     """
     types = _model_types(model)
     known = [t for t in types if t in _ARCHITECTURES]
@@ -197,21 +215,50 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
     layers: list[AttentionLayer] = []
     for model_type in known:
         arch = _ARCHITECTURES[model_type]
-        for name, module in model.named_modules():
-            if type(module).__name__ == arch.attention:
-                _check_attention_interface(module)
-                projection = _resolve(model, name, arch.output_projection)
-                _check_layout(projection, arch)
-                layers.append(AttentionLayer(len(layers), module, projection, arch.weight_layout))
+        names = [name for name, module in model.named_modules() if type(module).__name__ == arch.attention]
+        _refuse_encoder_decoder(model, names)
+        for name in names:
+            module = model.get_submodule(name)
+            _check_attention_interface(module)
+            projection = _registered_projection(model, name, module, model_type, arch)
+            _check_layout(projection, arch)
+            layers.append(AttentionLayer(len(layers), module, projection, arch.weight_layout))
         if layers:
             break
     if not layers:
-        raise ValueError(
+        raise UnsupportedArchitectureError(
             f"Found no attention module of class {_ARCHITECTURES[known[0]].attention!r} in "
             f"{type(model).__name__}: the model has no attention weights to attribute. If the class was "
             "renamed, register the architecture again with register_architecture()."
         )
     return layers
+
+
+def _registered_projection(model: nn.Module, name: str, module: nn.Module, model_type: str,
+                           arch: Architecture) -> nn.Module:
+    r"""The output projection a registered :class:`Architecture` points at, refusing a path that is not there."""
+    try:
+        return _resolve(model, name, arch.output_projection)
+    except AttributeError:
+        children = ", ".join(child for child, _ in module.named_children()) or "none"
+        raise UnsupportedArchitectureError(
+            f"output_projection {arch.output_projection!r} registered for {model_type!r} is not a submodule of "
+            f"{type(module).__name__} (its children: {children}); register the architecture again with the path "
+            "of its output projection (a leading '^' steps up to the parent)."
+        ) from None
+
+
+def _refuse_encoder_decoder(model: nn.Module, attention_names: list[str]) -> None:
+    r"""Refuses a model whose attention modules sit in both an encoder and a decoder stack: their layers would
+    share one layer axis, and the encoder's padding mask would be applied to the decoder's layers."""
+    stacks = [set(name.split(".")) for name in attention_names]
+    if any("encoder" in parts for parts in stacks) and any("decoder" in parts for parts in stacks):
+        model_type = _model_types(model)[0]
+        raise UnsupportedArchitectureError(
+            f"{model_type!r} ({type(model).__name__}) is an encoder-decoder model: encoder-decoder models are not "
+            "supported: attribute the encoder alone (model.get_encoder(), e.g. T5EncoderModel) or a decoder-only "
+            "model."
+        )
 
 
 #: children of an attention module that are tried, in this order, as its output projection
@@ -260,8 +307,8 @@ def _find_projection(model: nn.Module, name: str, module: nn.Module) -> str | No
     return None
 
 
-def _unsupported(types: list[str], model: nn.Module) -> str:
-    return f"Unsupported architecture {types[0] if types else type(model).__name__!r}"
+def _unsupported(types: list[str]) -> str:
+    return f"Unsupported architecture {types[0]!r}"
 
 
 def _discover(model: nn.Module, types: list[str]) -> list[AttentionLayer]:
@@ -271,34 +318,35 @@ def _discover(model: nn.Module, types: list[str]) -> list[AttentionLayer]:
              # a class is hashable; mypy does not see it (python/mypy#11470)
              if _calls_attention_interface(type(module))  # type: ignore[arg-type]
              and not _is_cross_attention(name, module, parents.get(id(module)))]
-    model_type = types[0] if types else type(model).__name__
+    _refuse_encoder_decoder(model, [name for name, _ in found])
+    model_type = types[0]
     register = (f"captum_cw.register_architecture({model_type!r}, Architecture(attention='<AttentionClass>', "
                 "output_projection='o_proj'))")
     if not found:
         outside = sorted({type(m).__name__ for m in model.modules()
                           if "attention" in type(m).__name__.lower()})
         if outside:
-            raise ValueError(
-                f"{_unsupported(types, model)}: its attention ({', '.join(outside[:3])}) does not call "
+            raise UnsupportedArchitectureError(
+                f"{_unsupported(types)}: its attention ({', '.join(outside[:3])}) does not call "
                 "transformers' attention interface (ALL_ATTENTION_FUNCTIONS), so captum_cw cannot capture it; "
                 "this family is not supported, whatever attn_implementation it runs."
             )
-        raise ValueError(
-            f"{_unsupported(types, model)}: captum_cw found no module that calls transformers' attention "
+        raise UnsupportedArchitectureError(
+            f"{_unsupported(types)}: captum_cw found no module that calls transformers' attention "
             f"interface, so it does not know where the attention modules and output projections are. If the "
             f"model has them, register it with {register}. Known: " + ", ".join(sorted(_ARCHITECTURES))
         )
     classes = sorted({type(module).__name__ for _, module in found})
     if len(classes) > 1:
-        raise ValueError(
-            f"{_unsupported(types, model)}: captum_cw found attention modules of several classes "
+        raise UnsupportedArchitectureError(
+            f"{_unsupported(types)}: captum_cw found attention modules of several classes "
             f"({', '.join(classes)}) and does not guess which to attribute; register the one you want with "
             f"{register}."
         )
     path = _find_projection(model, *found[0])
     if path is None or any(_find_projection(model, name, module) != path for name, module in found[1:]):
-        raise ValueError(
-            f"{_unsupported(types, model)}: captum_cw found {len(found)} attention modules of class "
+        raise UnsupportedArchitectureError(
+            f"{_unsupported(types)}: captum_cw found {len(found)} attention modules of class "
             f"{classes[0]} but no output projection among their children "
             f"{', '.join(USUAL_PROJECTIONS)} or their parent's output.dense (the same in every layer); register "
             f"it with captum_cw.register_architecture({model_type!r}, Architecture(attention={classes[0]!r}, "
@@ -328,7 +376,7 @@ def _check_attention_interface(module: nn.Module) -> None:
     r"""Refuses attention classes whose modeling file never calls transformers' attention interface."""
     source = sys.modules.get(type(module).__module__)
     if source is not None and not hasattr(source, "ALL_ATTENTION_FUNCTIONS"):
-        raise ValueError(
+        raise UnsupportedArchitectureError(
             f"{type(module).__name__} does not call transformers' attention interface (its module "
             f"{source.__name__} never uses ALL_ATTENTION_FUNCTIONS), so captum_cw cannot capture its attention; "
             "this family is not supported, whatever attn_implementation it runs."
@@ -340,10 +388,12 @@ def _check_layout(projection: nn.Module, arch: Architecture) -> None:
     is_conv1d = type(projection).__name__ == "Conv1D"
     if (arch.weight_layout == "conv1d") != is_conv1d:
         expected = "conv1d" if is_conv1d else "linear"
-        raise ValueError(
+        raise UnsupportedArchitectureError(
             f"{arch.attention}'s output projection is a {type(projection).__name__}, but its Architecture says "
             f"weight_layout={arch.weight_layout!r}; register it with weight_layout={expected!r}."
         )
     if getattr(projection, "weight", None) is None:
-        raise ValueError(f"{arch.attention}'s output projection {type(projection).__name__} has no weight matrix; "
-                         "point output_projection at the linear layer that maps the heads to the residual stream.")
+        raise UnsupportedArchitectureError(
+            f"{arch.attention}'s output projection {type(projection).__name__} has no weight matrix; point "
+            "output_projection at the linear layer that maps the heads to the residual stream."
+        )

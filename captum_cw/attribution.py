@@ -11,9 +11,17 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_cw.architectures import AttentionLayer, find_attention_layers
+from captum_cw.errors import InputError, UnsupportedArchitectureError
 from captum_cw.geometry import HeadGeometry
 from captum_cw.metrics import METRICS, Metric, get_metric
-from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs, resolve_positions, scan_geometry
+from captum_cw.scan import (
+    ModelInputs,
+    check_inputs,
+    prepare_inputs,
+    refuse_padded_positions,
+    resolve_positions,
+    scan_geometry,
+)
 from captum_cw.selection import select_indices
 
 __all__ = [
@@ -85,7 +93,7 @@ class MetricAttribution(Attribution):
         self.metric: Metric = get_metric(metric)
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                        or chunk_size < 1):
-            raise ValueError(f"chunk_size must be a positive int (query rows per block) or None (sized by "
+            raise InputError(f"chunk_size must be a positive int (query rows per block) or None (sized by "
                              f"CHUNK_ELEMENTS), got {chunk_size!r}.")
         super().__init__(model)
         self.model = model
@@ -103,11 +111,16 @@ class MetricAttribution(Attribution):
     def _input_device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _prepare(self, inputs, attention_mask, additional_forward_args, query_positions):
-        model_inputs, positional = prepare_inputs(inputs, attention_mask, additional_forward_args, self._input_device)
-        check_inputs(self.model, model_inputs)
+    def _prepare(self, inputs, attention_mask, additional_forward_args, query_positions, padded_rows=False):
+        r"""The model call, its inputs checked and ``query_positions`` validated, before any forward pass;
+        positions on padding are refused unless ``padded_rows`` (callers that pick rows per example)."""
+        model_inputs, positional = prepare_inputs(self.model, inputs, attention_mask, additional_forward_args,
+                                                  self._input_device)
+        check_inputs(self.model, model_inputs, positional)
         if model_inputs.is_text:
-            resolve_positions(query_positions, model_inputs.main.shape[1])  # validates before the forward pass
+            resolve_positions(query_positions, model_inputs.main.shape[1])
+            if not padded_rows:
+                refuse_padded_positions(query_positions, model_inputs.padding_mask)
         return model_inputs, positional
 
     def _scan(
@@ -128,7 +141,7 @@ class MetricAttribution(Attribution):
                                self.verify)
         if len(seen) != len(layers):
             missing = [self.layers[k] for k in range(len(layers)) if k not in seen]
-            raise ValueError(
+            raise UnsupportedArchitectureError(
                 f"Layers {missing} ran no attention through transformers' attention interface in this forward pass, "
                 "so no attention weights could be captured. Their attention module is not called by the model's "
                 "forward with these inputs (e.g. a custom forward that skips layers)."
@@ -244,12 +257,15 @@ class MetricAttribution(Attribution):
                         Default: None (taken from ``inputs`` if it is a dict)
             additional_forward_args (dict or tuple, optional): extra arguments for
                         the model: a dict is passed as keyword arguments, a tuple
-                        positionally after ``inputs``.
+                        positionally after ``inputs`` (named after the parameters of
+                        ``model.forward`` it fills). An ``attention_mask`` among them
+                        is the attention mask. Cached keys are refused.
                         Default: None
             query_positions (Sequence[int] or Tensor, optional): the query rows to
                         attribute (negative counts from the end). Only these rows
                         are computed, in chunks, so attributing the last position
-                        of a long input costs O(n) memory per head.
+                        of a long input costs O(n) memory per head. A position
+                        that is padding in some example is refused.
                         Default: None (all n rows)
             per_head (bool, optional): keep the head dimension instead of
                         aggregating the selected heads (sum for inter-head
@@ -316,18 +332,18 @@ class MetricAttribution(Attribution):
             Tensor ``(batch,)``.
         """
         if not self.has_convergence_delta():
-            raise ValueError(f"{type(self).__name__} has no completeness identity, so it has no convergence delta.")
+            raise InputError(f"{type(self).__name__} has no completeness identity, so it has no convergence delta.")
         scores: Tensor = _untuple(attributions)[1]
         main = _untuple(inputs)[1]
         if scores.dim() not in (4, 5):
-            raise ValueError(f"attributions must be (batch, n_layers, [n_heads,] n_query, n_key) as attribute() "
+            raise InputError(f"attributions must be (batch, n_layers, [n_heads,] n_query, n_key) as attribute() "
                              f"returns them, got shape {tuple(scores.shape)}.")
         model_inputs, positional = self._prepare(main, attention_mask, additional_forward_args, query_positions)
         _, expected_by_metric, _ = self._scan_metrics(model_inputs, positional, query_positions,
                                                       scores.dim() == 5, [self.metric], scores=False)
         expected = expected_by_metric[self.metric.name]
         if expected.shape != scores.shape[:-1]:
-            raise ValueError(f"attributions have shape {tuple(scores.shape)} but these inputs and selections "
+            raise InputError(f"attributions have shape {tuple(scores.shape)} but these inputs and selections "
                              f"give rows {tuple(expected.shape)}; pass the arguments attribute() was called with.")
         return self._delta(scores.to(expected.device, torch.float32), expected)
 
@@ -347,7 +363,21 @@ class MetricAttribution(Attribution):
         Returns:
             ``(attributions, delta, model_output)``.
         """
-        model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
+        return self._rows_with_output(inputs, attention_mask, additional_forward_args, query_positions, per_head)
+
+    def _rows_with_output(
+        self,
+        inputs: Tensor | Mapping[str, Any],
+        attention_mask: Tensor | None,
+        additional_forward_args: Mapping[str, Any] | Sequence[Any] | None,
+        query_positions: Sequence[int] | Tensor | None,
+        per_head: bool,
+        padded_rows: bool = False,
+    ) -> tuple[Tensor, Tensor, Any]:
+        r"""As :meth:`attribute_with_output`; with ``padded_rows``, positions on padding in some examples are
+        computed (all 0 there) instead of refused, for callers that pick each example's own rows from a union."""
+        model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions,
+                                                 padded_rows)
         scores, expected, output = self._scan_metrics(model_inputs, positional, query_positions, per_head,
                                                       [self.metric])
         scores_of_metric = scores[self.metric.name]
@@ -361,7 +391,7 @@ def _untuple(value: Any) -> tuple[bool, Any]:
     if not isinstance(value, tuple):
         return False, value
     if len(value) != 1:
-        raise ValueError(f"inputs is a tuple of {len(value)} tensors; captum_cw attributes one input (token ids or "
+        raise InputError(f"inputs is a tuple of {len(value)} tensors; captum_cw attributes one input (token ids or "
                          "pixels): pass (inputs,) and put the other model arguments in additional_forward_args.")
     return True, value[0]
 
@@ -424,7 +454,7 @@ class ContributionWeights(MetricAttribution):
         verify: bool = True,
     ) -> None:
         if variant not in ("inter", "intra"):
-            raise ValueError(f"variant must be 'inter' or 'intra', got {variant!r}.")
+            raise InputError(f"variant must be 'inter' or 'intra', got {variant!r}.")
         super().__init__(model, f"cw_{variant}", layers, heads, chunk_size, verify)
         self.variant = variant
 
@@ -571,7 +601,7 @@ def attribute_metrics(
     """
     chosen = [get_metric(name) for name in (METRICS if metrics is None else metrics)]
     if not chosen or len({metric.name for metric in chosen}) != len(chosen):
-        raise ValueError(f"metrics must name at least one metric, each once; got {[m.name for m in chosen]!r}.")
+        raise InputError(f"metrics must name at least one metric, each once; got {[m.name for m in chosen]!r}.")
     attributor = MetricAttribution(model, chosen[0].name, layers, heads, chunk_size, verify)
     model_inputs, positional = attributor._prepare(inputs, attention_mask, additional_forward_args, query_positions)
     scores, expected, output = attributor._scan_metrics(model_inputs, positional, query_positions, per_head, chosen)

@@ -27,6 +27,8 @@ import torch
 from torch import Tensor, nn
 from transformers.modeling_utils import AttentionInterface
 
+from captum_cw.errors import UnsupportedArchitectureError, UnsupportedSetupError
+
 __all__ = ["AttentionCall", "capture_attention", "take_rows"]
 
 
@@ -167,7 +169,7 @@ def take_rows(tensor: Tensor, dim: int, rows: Tensor) -> Tensor:
 def _eager_function(module: nn.Module) -> Callable:
     function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if function is None:
-        raise ValueError(
+        raise UnsupportedArchitectureError(
             f"{type(module).__name__} has no module-level eager_attention_forward; run the model with "
             "attn_implementation='sdpa' or register its eager function in transformers' AttentionInterface."
         )
@@ -178,7 +180,7 @@ def _implementation(module: nn.Module, model: nn.Module) -> str:
     config: Any = getattr(module, "config", None) or getattr(model, "config")
     name: str = config._attn_implementation or "eager"  # private: docs/DESIGN.md, "transformers internals"
     if name == "flex_attention":
-        raise ValueError(
+        raise UnsupportedSetupError(
             "captum_cw cannot read flex_attention's block masks, so it cannot recompute the attention weights; "
             "call model.set_attn_implementation('sdpa') (or 'eager') first."
         )
@@ -304,7 +306,7 @@ def capture_attention(
                     replacement attention output.
 
     Raises:
-        ValueError: if the model runs ``flex_attention``, whose block masks cannot
+        UnsupportedSetupError: if the model runs ``flex_attention``, whose block masks cannot
                     be read.
     """
     names = {_implementation(module, model) for module in modules}

@@ -448,7 +448,8 @@ class LLMContributionAttribution:
             scores, _, output = self.attributor.attribute_with_output(ids, mask, extra, None)  # [b, layer, n, n]
         else:  # the union of the rows the batch needs, once each
             wanted = torch.cat(rows).unique()  # sorted
-            scores, _, output = self.attributor.attribute_with_output(ids, mask, extra, wanted)  # [b, layer, row, n]
+            scores, _, output = self.attributor._rows_with_output(ids, mask, extra, wanted, False,
+                                                                  padded_rows=True)  # [b, layer, row, n]
         scores = in_forward_order(scores, layers)
         picked = []  # per example [target, n]
         for b in range(len(prompts)):

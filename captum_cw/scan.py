@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import inspect
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers.cache_utils import Cache
 
 from captum_cw.architectures import AttentionLayer
 from captum_cw.capture import AttentionCall, capture_attention, take_rows
+from captum_cw.errors import InputError, UnsupportedSetupError
 from captum_cw.geometry import HeadGeometry
 from captum_cw.self_check import LayerCheck, check_layer, raise_on_mismatch
 
-__all__ = ["CHUNK_ELEMENTS", "ModelInputs", "check_inputs", "prepare_inputs", "resolve_positions", "scan_geometry"]
+__all__ = [
+    "CACHE_ARGUMENTS",
+    "CHUNK_ELEMENTS",
+    "ModelInputs",
+    "check_inputs",
+    "prepare_inputs",
+    "refuse_padded_positions",
+    "resolve_positions",
+    "scan_geometry",
+]
 
 CHUNK_ELEMENTS = 2**24
 r"""Numbers in one ``(batch, head, row, key)`` block when the chunk size is not given (at least one row): n = 512
@@ -37,6 +50,7 @@ class ModelInputs:
 
 
 def prepare_inputs(
+    model: nn.Module,
     inputs: Tensor | Mapping[str, Any],
     attention_mask: Tensor | None,
     additional_forward_args: Mapping[str, Any] | Sequence[Any] | None,
@@ -45,15 +59,29 @@ def prepare_inputs(
     r"""
     Normalises captum-style arguments into a model call.
 
+    Positional ``additional_forward_args`` are named after the parameters of ``model.forward`` that they fill
+    (after the main input), so that an attention mask or a cache passed positionally is recognised as one. An
+    ``attention_mask`` among them is the attention mask; a different one given as well is refused.
+
+    Args:
+        model (nn.Module): the model that will be called.
+        inputs (Tensor or Mapping): token ids ``(batch, n)`` or ``(n,)``, pixel values, or a dict with
+                    ``input_ids`` / ``pixel_values`` and other model arguments.
+        attention_mask (Tensor, optional): ``(batch, n)``, 1 for real tokens.
+        additional_forward_args (dict or tuple, optional): more model arguments.
+        device (torch.device): where the model's inputs go.
     Returns:
-        The :class:`ModelInputs` and the positional ``additional_forward_args``.
+        The :class:`ModelInputs` and the positional ``additional_forward_args`` that could not be named.
+    Raises:
+        InputError: for inputs of another type, or two different attention masks.
     """
     keyword: dict[str, Any] = {}
     if isinstance(inputs, Mapping):
         keyword = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values")}
         main = inputs.get("input_ids", inputs.get("pixel_values"))
         if main is None:
-            raise ValueError("inputs is a mapping without 'input_ids' or 'pixel_values'; pass the token ids or pixels.")
+            raise InputError("inputs is a mapping without 'input_ids' or 'pixel_values'; pass the token ids or "
+                             "pixels.")
         if attention_mask is None:
             attention_mask = keyword.pop("attention_mask", None)
         else:
@@ -61,26 +89,26 @@ def prepare_inputs(
     elif isinstance(inputs, Tensor):
         main = inputs
     else:
-        raise ValueError(
+        raise InputError(
             "inputs must be a tensor of token ids / pixel values or a tokenizer's BatchEncoding, "
             f"got {type(inputs).__name__}."
         )
     if not torch.is_floating_point(main) and main.dim() == 1:
         main = main.unsqueeze(0)
-    positional: tuple[Any, ...] = ()
-    if isinstance(additional_forward_args, Mapping):
-        keyword.update(additional_forward_args)
-    elif additional_forward_args is not None:
-        positional = tuple(additional_forward_args) if isinstance(additional_forward_args, (tuple, list)) else (
-            additional_forward_args,
-        )
+    extra, positional = _name_additional_args(model, additional_forward_args)
+    twice = sorted(set(extra) & set(keyword))
+    if twice:
+        raise InputError(f"{', '.join(twice)} given both in inputs and in additional_forward_args; pass each model "
+                         "argument once.")
+    attention_mask = _one_attention_mask(attention_mask, extra.pop("attention_mask", None))
+    keyword.update(extra)
     main = main.to(device)
     padding_mask = None
     if attention_mask is not None:
         if attention_mask.dim() == 1:
             attention_mask = attention_mask.unsqueeze(0)
         if main.is_floating_point() or attention_mask.shape != main.shape:
-            raise ValueError(
+            raise InputError(
                 f"attention_mask has shape {tuple(attention_mask.shape)} but inputs have shape "
                 f"{tuple(main.shape)}; pass one 0/1 entry per token, shape (batch, n)."
             )
@@ -91,60 +119,163 @@ def prepare_inputs(
     return ModelInputs(main, keyword, padding_mask), positional
 
 
+def _name_additional_args(
+    model: nn.Module, additional_forward_args: Mapping[str, Any] | Sequence[Any] | None
+) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    r"""``additional_forward_args`` as ``(keyword arguments, positional arguments left unnamed)``: a tuple is
+    named after the parameters of ``model.forward`` that follow the main input, when each of them can be
+    passed by name; else it stays positional."""
+    if additional_forward_args is None:
+        return {}, ()
+    if isinstance(additional_forward_args, Mapping):
+        return dict(additional_forward_args), ()
+    positional = (tuple(additional_forward_args) if isinstance(additional_forward_args, (tuple, list))
+                  else (additional_forward_args,))
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())[1:]  # after the main input
+    except (TypeError, ValueError):  # no signature to read: the arguments stay positional
+        return {}, positional
+    named = parameters[:len(positional)]
+    if len(named) < len(positional) or any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in named):
+        return {}, positional
+    return {parameter.name: value for parameter, value in zip(named, positional)}, ()
+
+
+def _one_attention_mask(given: Tensor | None, additional: Any) -> Tensor | None:
+    r"""The attention mask from ``attention_mask`` (or ``inputs``) and the one in ``additional_forward_args``:
+    either may be None; two different ones are refused."""
+    for mask in (given, additional):
+        if mask is not None and not isinstance(mask, Tensor):
+            raise InputError(f"attention_mask must be a tensor (batch, n) of 0/1, got {type(mask).__name__}.")
+    if additional is None:
+        return given
+    if given is not None and (given.shape != additional.shape
+                              or not torch.equal(given.cpu(), additional.cpu())):
+        raise InputError("two different attention masks were given, one in additional_forward_args and one as "
+                         "attention_mask (or in inputs); pass one of them.")
+    return additional
+
+
+def _integer_positions(positions: Sequence[int] | Tensor | int) -> Tensor:
+    r"""``positions`` as an integer tensor, refusing an empty one, strings, floats, bools and anything not a
+    number."""
+    if isinstance(positions, (str, bytes)):
+        raise InputError(f"query_positions must be int positions, got the string {positions!r}; pass e.g. [-1] "
+                         "for the last row.")
+    try:
+        given = torch.as_tensor(positions)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"query_positions must be int positions, got {positions!r}; pass e.g. [-1] for the "
+                         "last row.") from None
+    if given.numel() == 0:
+        raise InputError("query_positions is empty; pass at least one position, or None for all.")
+    if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
+        raise InputError(f"query_positions must be integer positions, got {given.dtype} {positions!r}; "
+                         "pass e.g. [-1] for the last row.")
+    return given
+
+
 def resolve_positions(positions: Sequence[int] | Tensor | None, n: int) -> Tensor:
     r"""Query positions as a long tensor in ``[0, n)``; negative positions count from the end."""
     if positions is None:
         return torch.arange(n)
-    given = torch.as_tensor(positions)
-    if given.numel() == 0:
-        raise ValueError("query_positions is empty; pass at least one position, or None for all.")
-    if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
-        raise ValueError(f"query_positions must be integer positions, got {given.dtype} {positions!r}; "
-                         "pass e.g. [-1] for the last row.")
-    rows = given.long().flatten()
+    rows = _integer_positions(positions).long().flatten()
     if (rows >= n).any() or (rows < -n).any():
-        raise ValueError(f"query_positions {rows.tolist()} out of range for a sequence of {n} tokens.")
+        raise InputError(f"query_positions {rows.tolist()} out of range for a sequence of {n} tokens.")
     rows = rows % n
     if len(rows.unique()) != len(rows):
-        raise ValueError(f"query_positions {positions!r} names a position twice; pass each position once.")
+        raise InputError(f"query_positions {positions!r} names a position twice; pass each position once.")
     return rows
 
 
-def check_inputs(model: nn.Module, model_inputs: ModelInputs) -> None:
+def refuse_padded_positions(positions: Sequence[int] | Tensor | None, padding_mask: Tensor | None) -> None:
+    r"""
+    Refuses query positions that fall on padding in some example: their rows would be all 0.
+
+    Args:
+        positions (Sequence[int] or Tensor, optional): query positions as given; None (all rows) passes.
+        padding_mask (Tensor, optional): ``(batch, n)`` bool, True = real token.
+    Raises:
+        InputError: naming the first such example, position and its real token range.
+    """
+    if positions is None or padding_mask is None:
+        return
+    rows = resolve_positions(positions, padding_mask.shape[1]).to(padding_mask.device)
+    on_padding = ~padding_mask[:, rows]  # [batch, row]
+    if not bool(on_padding.any()):
+        return
+    example, slot = (int(i) for i in on_padding.nonzero()[0])
+    real = padding_mask[example].nonzero().flatten()
+    where = (f"whose real tokens are positions {int(real[0])} to {int(real[-1])}" if len(real)
+             else "which has no real token")
+    raise InputError(f"query position {int(rows[slot])} is padding in example {example} ({where}), so its row "
+                     "would be all 0; pass positions of real tokens, or attribute that example alone.")
+
+
+#: keyword arguments that carry cached keys and values under the names transformers has used
+CACHE_ARGUMENTS = ("past_key_values", "cache", "past_key_value", "layer_past")
+
+
+def _refuse_cache(keyword: Mapping[str, Any], positional: tuple[Any, ...]) -> None:
+    r"""Refuses cached keys in any form: a non-None cache argument by name, or a ``Cache`` anywhere."""
+    named = [name for name in CACHE_ARGUMENTS if keyword.get(name) is not None]
+    cached = [type(value).__name__ for value in (*keyword.values(), *positional) if isinstance(value, Cache)]
+    if named or cached:
+        given = named[0] if named else f"a {cached[0]}"
+        raise UnsupportedSetupError(
+            f"{given} is not supported: cached keys have no query rows to attribute and shift the rows by the "
+            "cache's length. Pass the whole sequence (prompt and continuation) as inputs instead, without a cache."
+        )
+
+
+def check_inputs(model: nn.Module, model_inputs: ModelInputs, positional: tuple[Any, ...] = ()) -> None:
     r"""
     Refuses, before any forward pass, inputs that would fail late or give wrong scores.
 
+    Args:
+        model (nn.Module): the model that will be called.
+        model_inputs (ModelInputs): as :func:`prepare_inputs` made them.
+        positional (tuple, optional): the positional arguments left unnamed. Default: ()
     Raises:
-        ValueError: for a model in training mode, cached keys, token ids that are
-                    empty, not integers or outside the vocabulary, or integer pixels.
+        UnsupportedSetupError: for a model in training mode or cached keys.
+        InputError: for token ids that are empty, not integers, not ``(batch, n)`` or outside
+                    the vocabulary, and pixel values that are integers or not ``(batch, channels, height, width)``.
     """
     if any(module.training for module in model.modules()):
-        raise ValueError("The model (or one of its modules) is in training mode: dropout would make its attention "
-                         "random and differ from the recomputed one. Call model.eval() first.")
-    if model_inputs.keyword.get("past_key_values") is not None:
-        raise ValueError("past_key_values is not supported: cached keys have no query rows to attribute. Pass the "
-                         "whole sequence (prompt and continuation) as inputs instead.")
+        raise UnsupportedSetupError("The model (or one of its modules) is in training mode: dropout would make its "
+                                    "attention random and differ from the recomputed one. Call model.eval() first.")
+    _refuse_cache(model_inputs.keyword, positional)
     main, expects = model_inputs.main, getattr(model, "main_input_name", "input_ids")
     if expects == "input_ids" and main.is_floating_point():
-        raise ValueError(f"inputs are {main.dtype}, but {type(model).__name__} takes token ids: pass the "
+        raise InputError(f"inputs are {main.dtype}, but {type(model).__name__} takes token ids: pass the "
                          "tokenizer's input_ids (integers).")
     if expects == "pixel_values" and not main.is_floating_point():
-        raise ValueError(f"inputs are {main.dtype}, but {type(model).__name__} takes pixel values: pass the "
+        raise InputError(f"inputs are {main.dtype}, but {type(model).__name__} takes pixel values: pass the "
                          "image processor's pixel_values (floating point).")
     if main.is_floating_point():
+        _check_pixels(model, main)
         return
     if main.dim() != 2:
-        raise ValueError(f"token ids must have shape (batch, n), got {tuple(main.shape)}.")
+        raise InputError(f"token ids must have shape (batch, n) or (n,), got {tuple(main.shape)}.")
     if main.numel() == 0:
-        raise ValueError(f"inputs have no tokens (shape {tuple(main.shape)}); pass at least one token per example.")
+        raise InputError(f"inputs have no tokens (shape {tuple(main.shape)}); pass at least one token per example.")
     get_embeddings: Any = getattr(model, "get_input_embeddings", None)
     embeddings = get_embeddings() if callable(get_embeddings) else None
     vocabulary = getattr(embeddings, "num_embeddings", None)
     if vocabulary is not None:
         low, high = main.aminmax()
         if low < 0 or high >= vocabulary:
-            raise ValueError(f"token ids range over [{int(low)}, {int(high)}] but the model's vocabulary has "
+            raise InputError(f"token ids range over [{int(low)}, {int(high)}] but the model's vocabulary has "
                              f"{vocabulary} entries; encode the text with this model's own tokenizer.")
+
+
+def _check_pixels(model: nn.Module, pixels: Tensor) -> None:
+    r"""Refuses pixel values that are not ``(batch, channels, height, width)`` with the model's channels."""
+    channels = getattr(getattr(model, "config", None), "num_channels", None)
+    expected = f"(batch, {channels if isinstance(channels, int) else 'channels'}, height, width)"
+    if pixels.dim() != 4 or (isinstance(channels, int) and pixels.shape[1] != channels):
+        raise InputError(f"pixel values must have shape {expected}, got {tuple(pixels.shape)}; pass the image "
+                         "processor's pixel_values (a single image as pixels[None]).")
 
 
 def kernel_rows(call: AttentionCall, rows: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -179,20 +310,28 @@ def scan_geometry(
     layer (``k`` is its index in ``layers``) and each chunk of query ``rows``
     (``chunk_size`` rows; None: as many as keep ``alpha`` within :data:`CHUNK_ELEMENTS`).
 
-    Padded query rows get all-zero ``alpha``; so do padded keys. With ``verify``,
+    Padded query rows get all-zero ``alpha``; so do padded keys. A layer whose attention module runs twice
+    in the pass (shared layers, as in ALBERT) is refused when it runs the second time. With ``verify``,
     a few rows of each layer's first chunk go through the self-check
     (:mod:`captum_cw.self_check`), which raises after the forward pass if the
     recomputation does not reproduce the model.
 
     Returns:
         The model's own output.
+    Raises:
+        UnsupportedSetupError: if a selected attention module runs more than once.
+        ValueError: if the recomputation does not reproduce the model (``verify``, :mod:`captum_cw.self_check`).
     """
     slot = {id(layer.attention): k for k, layer in enumerate(layers)}
     padding = model_inputs.padding_mask
     checks: list[LayerCheck] = []
+    calls: Counter[int] = Counter()
 
     def on_call(call: AttentionCall) -> None:
         k = slot[id(call.module)]
+        calls[k] += 1
+        if calls[k] > 1:
+            _refuse_shared_layer(model, layers[k])
         device = call.query.device
         all_rows = resolve_positions(query_positions, call.query.shape[2]).to(device)
         values = call.values()  # [batch, head, key, d_head]
@@ -215,3 +354,14 @@ def scan_geometry(
         output = model(model_inputs.main, *positional_args, **model_inputs.keyword)
     raise_on_mismatch(checks)
     return output
+
+
+def _refuse_shared_layer(model: nn.Module, layer: AttentionLayer) -> None:
+    r"""Refuses an attention module applied more than once in one forward pass: one slice cannot hold its
+    several applications, and the last would overwrite the others."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+    raise UnsupportedSetupError(
+        f"{model_type!r}: attention layer {layer.index} ({type(layer.attention).__name__}) ran more than once in "
+        "one forward pass; shared layers (ALBERT) are not supported, since one layer slice cannot hold several "
+        "applications. Use a model whose layers each run once."
+    )

@@ -162,15 +162,17 @@ class TokenContributions(Attribution):
             )
         is_tuple, main = _untuple(inputs)
         position = self.position if position is None else position
-        model_inputs, _ = prepare_inputs(main, attention_mask, additional_forward_args, self.attributor._input_device)
-        check_inputs(self.model, model_inputs)
+        model_inputs, positional = prepare_inputs(self.model, main, attention_mask, additional_forward_args,
+                                                  self.attributor._input_device)
+        check_inputs(self.model, model_inputs, positional)
         score = self._token_scores if model_inputs.is_text else self._pixel_scores
         scores = score(main, model_inputs, additional_forward_args, position)
         return (scores,) if is_tuple else scores
 
     def _layer_scores(self, inputs, attention_mask, additional_forward_args, rows) -> Tensor:
         r"""Token-level scores of the selected layers in forward order: ``(batch, layers, n_rows, n)``."""
-        scores, _, _ = self.attributor.attribute_with_output(inputs, attention_mask, additional_forward_args, rows)
+        scores, _, _ = self.attributor._rows_with_output(inputs, attention_mask, additional_forward_args, rows, False,
+                                                         padded_rows=True)  # each example picks its own rows
         return in_forward_order(scores, self.attributor.layers)
 
     def _aggregate(self, scores: Tensor, rows: Tensor) -> Tensor:

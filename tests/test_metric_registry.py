@@ -23,17 +23,17 @@ def test_one_pass_equals_each_attributor(llama, per_head):
     forwards = []
     hook = model.register_forward_hook(lambda *args: forwards.append(1))
     found = attribute_metrics(model, ids, attention_mask=mask, layers=[1, 0], heads=[2, 0, 3],
-                              query_positions=[-1, 2], per_head=per_head)
+                              query_positions=[-1, 3], per_head=per_head)
     hook.remove()
     assert len(forwards) == 1 and set(found.scores) == set(METRICS)
     for name in METRICS:
         attributor = attributor_for(name, model, layers=[1, 0], heads=[2, 0, 3])
         if attributor.has_convergence_delta():
-            scores, delta = attributor.attribute(ids, attention_mask=mask, query_positions=[-1, 2],
+            scores, delta = attributor.attribute(ids, attention_mask=mask, query_positions=[-1, 3],
                                                  per_head=per_head, return_convergence_delta=True)
             torch.testing.assert_close(found.deltas[name], delta, rtol=0, atol=0)
         else:
-            scores = attributor.attribute(ids, attention_mask=mask, query_positions=[-1, 2], per_head=per_head)
+            scores = attributor.attribute(ids, attention_mask=mask, query_positions=[-1, 3], per_head=per_head)
             assert name not in found.deltas
         torch.testing.assert_close(found.scores[name], scores, rtol=0, atol=0)
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
 from captum_cw.capture import AttentionCall, capture_attention
+from captum_cw.errors import InputError
 from captum_cw.geometry import HeadGeometry, safe_divide
 from captum_cw.scan import ModelInputs, scan_geometry
 from captum_cw.selection import select_indices
@@ -87,16 +88,16 @@ def analyze_sinks(
 
     Args:
         model (nn.Module): a transformers model of a registered architecture.
-        input_ids (Tensor): ``(n,)`` or ``(1, n)`` token ids.
+        input_ids (Tensor): ``(n,)`` or ``(1, n)`` token ids (one sequence; a batch is refused).
         threshold (float, optional): received mass above which a key is a sink. Default: 0.3
         method (str, optional): ``"mass"`` (threshold) or ``"first"`` (the first token). Default: ``"mass"``
     """
     if method not in ("mass", "first"):
-        raise ValueError(f"method must be 'mass' or 'first', got {method!r}.")
+        raise InputError(f"method must be 'mass' or 'first', got {method!r}.")
     if not 0 < threshold < 1:
-        raise ValueError(f"threshold is a share of the attention mass, in (0, 1), got {threshold}.")
+        raise InputError(f"threshold is a share of the attention mass, in (0, 1), got {threshold}.")
     layers = find_attention_layers(model)
-    ids = input_ids.reshape(1, -1).to(next(model.parameters()).device)
+    ids = _one_sequence(input_ids, "analyze_sinks").to(next(model.parameters()).device)
     rows_out: dict[int, dict[str, Tensor]] = {}
 
     def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
@@ -117,6 +118,15 @@ def analyze_sinks(
         output_norm=stack("output_norm"),
         optimal_norm=stack("optimal_norm"),
     )
+
+
+def _one_sequence(input_ids: Tensor, function: str) -> Tensor:
+    r"""``input_ids`` ``(n,)`` or ``(1, n)`` as ``(1, n)``; a batch of several sequences is refused, since
+    flattening it would make one sequence of them all."""
+    if input_ids.dim() == 0 or input_ids.dim() > 2 or (input_ids.dim() == 2 and input_ids.shape[0] != 1):
+        raise InputError(f"{function} takes one sequence, (n,) or (1, n) token ids, got shape "
+                         f"{tuple(input_ids.shape)}; loop over the batch and pass each sequence alone.")
+    return input_ids.reshape(1, -1)
 
 
 def _measure_layer(geometry: HeadGeometry, threshold: float, method: str) -> dict[str, Tensor]:
@@ -250,7 +260,7 @@ def sink_norm_effect(
 
     Args:
         model (nn.Module): a causal language model of a registered architecture.
-        input_ids (Tensor): ``(n,)`` token ids.
+        input_ids (Tensor): ``(n,)`` or ``(1, n)`` token ids (one sequence).
         sink (int, optional): the sink position. Default: the key with the most received
                     attention mass over all layers.
         factor (float, optional): scale of the sink's value (0 removes its norm). Default: 0.0
@@ -259,7 +269,7 @@ def sink_norm_effect(
     """
     attention_layers = find_attention_layers(model)
     chosen = select_indices(layers, len(attention_layers), "layer")
-    ids = input_ids.reshape(1, -1).to(next(model.parameters()).device)
+    ids = _one_sequence(input_ids, "sink_norm_effect").to(next(model.parameters()).device)
     measured: dict[int, HeadGeometry] = {}
     received: dict[int, Tensor] = {}
 

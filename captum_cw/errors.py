@@ -164,6 +164,5 @@ def refuse_noisy_token_ids(model: nn.Module, inputs: object, owner: str) -> None
         return
     raise InputError(
         f"{owner}: inputs are {main.dtype} {tuple(main.shape)}, but {type(model).__name__} takes integer token ids. "
-        "Noise on token ids has no meaning (an id names a token, it is not a quantity): captum's NoiseTunnel and "
-        "captum.metrics.sensitivity_max / infidelity add noise to the inputs, so use them on the pixel inputs of a "
-        "vision model (a ViT), where they work; otherwise pass the tokenizer's input_ids.")
+        "Noise on token ids has no meaning (an id names a token): NoiseTunnel and sensitivity_max / infidelity add "
+        "noise to the inputs; use them on the pixel inputs of a vision model (where they work), or pass input_ids.")

@@ -163,6 +163,6 @@ def refuse_noisy_token_ids(model: nn.Module, inputs: object, owner: str) -> None
     if getattr(model, "main_input_name", "input_ids") != "input_ids":
         return
     raise InputError(
-        f"{owner}: inputs are {main.dtype} {tuple(main.shape)}, but {type(model).__name__} takes integer token ids. "
+        f"{owner}: inputs are {main.dtype} {tuple(main.shape)}, but {type(model).__name__} takes token ids (integers). "
         "Noise on token ids has no meaning (an id names a token): NoiseTunnel and sensitivity_max / infidelity add "
         "noise to the inputs; use them on the pixel inputs of a vision model (where they work), or pass input_ids.")

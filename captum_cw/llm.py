@@ -416,7 +416,8 @@ class LLMContributionAttribution:
         if target is None:
             generate: Callable[..., Tensor] | None = getattr(self.model, "generate", None)
             if not callable(generate):
-                raise UnsupportedSetupError(f"{type(self.model).__name__} has no generate(); pass the target to explain.")
+                raise UnsupportedSetupError(f"{type(self.model).__name__} has no generate(); pass the target to "
+                                            "explain.")
             device = next(self.model.parameters()).device
             ids = prompt_ids[None].to(device)
             with torch.no_grad():

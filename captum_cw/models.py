@@ -385,9 +385,9 @@ def _prepare_offline_tokenizer(name: str, tokenizer: PreTrainedTokenizerBase) ->
         fix = (f"Install the release checked: pip install transformers=={CHECKED_TRANSFORMERS}"
                if transformers.__version__ != CHECKED_TRANSFORMERS else
                "The transformers release is the one checked: check the tokenizers and gguf packages.")
-        raise UnsupportedSetupError(f"transformers {transformers.__version__} tokenizes {PROBE!r} for {name} as {found}, not "
-                         f"as {expected} like transformers {CHECKED_TRANSFORMERS}: its numbers would not be "
-                         f"{name}'s. {fix}")
+        raise UnsupportedSetupError(f"transformers {transformers.__version__} tokenizes {PROBE!r} for {name} as "
+                                    f"{found}, not as {expected} like transformers {CHECKED_TRANSFORMERS}: its numbers "
+                                    f"would not be {name}'s. {fix}")
 
 
 def readable_tokens(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:

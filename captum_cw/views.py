@@ -296,15 +296,14 @@ def _refuse_summed_scores(scores: Tensor, tokens: Sequence[str] | Sequence[Seque
     n_tokens = len(tokens[0]) if per_row_tokens and len(tokens) else len(tokens)
     if scores.dim() == 1:
         summed = n_tokens > 1 and ((len(tokens) == len(scores)) if per_row_tokens else (len(scores) != n_tokens))
-        batch = len(scores)
     else:
         summed = scores.dim() == 2 and scores.shape[1] == 1 and n_tokens > 1
-        batch = scores.shape[0]
     if summed:
-        raise InputError(f"text_records: attributions for {n_tokens} tokens: got {tuple(scores.shape)}, expected "
-                         f"({batch}, {n_tokens}) (or ({n_tokens},) for one row): do not sum over tokens "
-                         "(Captum's attributions.sum(dim=-1) sums embedding dimensions; TokenContributions already "
-                         "returns one score per token); pass the scores as attribute() returns them.")
+        batch = scores.shape[0]
+        raise InputError(f"text_records: {n_tokens} tokens for {scores.numel()} scores: got {tuple(scores.shape)}, "
+                         f"expected ({batch}, {n_tokens}): do not sum over tokens (Captum's attributions.sum(dim=-1) "
+                         "sums embedding dimensions; TokenContributions already gives one score per token); for one "
+                         "row, give one token per score.")
 
 
 def _record_word(token: str) -> str:

@@ -10,7 +10,6 @@ import torch
 import transformers
 from captum.attr import NoiseTunnel
 from captum.metrics import sensitivity_max
-from tiny_models import FAMILIES
 
 from captum_cw import (
     AttentionWeights,
@@ -24,6 +23,7 @@ from captum_cw.errors import InputError, UnsupportedArgumentError
 from captum_cw.llm import LLMContributionAttribution
 from captum_cw.models import load_model
 from captum_cw.views import text_records
+from tiny_models import FAMILIES
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,8 @@ def test_a_captum_attribution_in_place_of_the_model_is_named(llama):
         LLMContributionAttribution(FeatureAblation(llama), None)  # captum's LLMAttribution(FeatureAblation(...))
 
 
-@pytest.mark.parametrize("owner", [ContributionWeights, AttentionWeights, lambda m: LLMContributionAttribution(m, None)])
+@pytest.mark.parametrize("owner", [ContributionWeights, AttentionWeights,
+                                   lambda model: LLMContributionAttribution(model, None)])
 def test_a_layer_module_in_place_of_the_model_is_named_by_its_class_only(llama, owner):
     layer = llama.model.layers[1]
     with pytest.raises(UnsupportedArgumentError) as error:  # was: accepted, failing later inside the layer

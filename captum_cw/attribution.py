@@ -54,7 +54,7 @@ def _count_heads(layer: AttentionLayer) -> int:
     return int(getattr(module, "config").num_attention_heads)
 
 
-ATTRIBUTE_ARGUMENTS = ("inputs", "attention_mask", "additional_forward_args", "query_positions", "per_head",
+_ATTRIBUTE_ARGUMENTS = ("inputs", "attention_mask", "additional_forward_args", "query_positions", "per_head",
                        "return_convergence_delta")
 """What :meth:`MetricAttribution.attribute` takes, named when it is given another keyword argument."""
 
@@ -326,7 +326,7 @@ class MetricAttribution(Attribution):
                         from the scores. :meth:`compute_convergence_delta` gives the
                         same number for any attributions tensor.
         """
-        refuse_captum_arguments(f"{type(self).__name__}.attribute", captum_arguments, ATTRIBUTE_ARGUMENTS)
+        refuse_captum_arguments(f"{type(self).__name__}.attribute", captum_arguments, _ATTRIBUTE_ARGUMENTS)
         if return_convergence_delta and not self.has_convergence_delta():
             raise UnsupportedArgumentError(
                 f"{type(self).__name__} has no completeness identity (its rows do not sum to 1), so it has no "

@@ -32,7 +32,7 @@ Target: TypeAlias = str | Tensor | Sequence[int] | None
 DEFAULT_GEN_ARGS: dict[str, Any] = {"max_new_tokens": 25, "do_sample": False, "temperature": None, "top_p": None}
 """What ``target=None`` generates with when ``gen_args`` is empty: captum's LLMAttribution defaults (greedy)."""
 
-ATTRIBUTE_ARGUMENTS = ("inp", "target", "skip_tokens", "num_trials", "gen_args", "merge_subwords", "batch_size")
+_ATTRIBUTE_ARGUMENTS = ("inp", "target", "skip_tokens", "num_trials", "gen_args", "merge_subwords", "batch_size")
 """What :meth:`LLMContributionAttribution.attribute` takes, named when it is given another keyword argument."""
 
 
@@ -294,7 +294,7 @@ class LLMContributionAttribution:
             returns them; for a string, captum's decoding of the prompt's ids; the
             words with ``merge_subwords``.
         """
-        refuse_captum_arguments(f"{type(self).__name__}.attribute", captum_arguments, ATTRIBUTE_ARGUMENTS)
+        refuse_captum_arguments(f"{type(self).__name__}.attribute", captum_arguments, _ATTRIBUTE_ARGUMENTS)
         single = isinstance(inp, (str, TextTokenInput, TextTemplateInput))
         prompts = [inp] if single else list(inp) if isinstance(inp, Sequence) else None
         if not prompts:

@@ -64,13 +64,13 @@ def _refuse_module_selection(layers: Sequence[AttentionLayer], selection: object
     Refuses a module where layer (or head) indices are expected, as a port of ``LayerIntegratedGradients(model,
     layer)`` passes it, naming the index of the attention layer it holds where there is one.
     """
-    given = list(selection) if isinstance(selection, (list, tuple)) else [selection]
+    given = list(selection) if isinstance(selection, (list, tuple, nn.ModuleList)) else [selection]
     modules = [item for item in given if isinstance(item, nn.Module)]
     if not modules:
         return
     found = [[k for k, layer in enumerate(layers) if any(sub is layer.attention for sub in module.modules())]
              for module in modules]
-    hint = (f"pass {argument}={[held[0] for held in found]} (the index of the attention layer it holds)"
+    hint = (f"pass {argument}={[held[0] for held in found]} (the index of the attention layer in each module)"
             if argument == "layers" and all(len(held) == 1 for held in found) else f"pass {argument} as indices")
     raise UnsupportedArgumentError(f"{owner}: {argument} holds a {type(modules[0]).__name__} module; captum_cw "
                                    f"selects {argument} by index, not by module: {hint}.")

@@ -158,6 +158,13 @@ def test_a_layer_module_as_layers_names_its_index(family, which):
         assert f"pass layers=[{which}]" in message
 
 
+def test_a_module_list_as_layers_names_each_index(llama):
+    with pytest.raises(UnsupportedArgumentError, match=r"pass layers=\[1\] "):
+        ContributionWeights(llama, llama.model.layers[1:])  # a ModuleList slice
+    with pytest.raises(UnsupportedArgumentError, match=r"pass layers=\[0, 1\] "):
+        ContributionWeights(llama, list(llama.model.layers))
+
+
 def test_a_module_as_heads_is_refused_in_one_line(llama):
     with pytest.raises(UnsupportedArgumentError) as error:
         ContributionWeights(llama, heads=llama.model.layers[0].self_attn)

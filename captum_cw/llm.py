@@ -386,8 +386,8 @@ class LLMContributionAttribution:
         try:
             encoded = self.tokenizer(text, return_offsets_mapping=True)
         except NotImplementedError as error:
-            raise UnsupportedSetupError("TextTemplateInput needs a fast tokenizer (with offsets) to find its segments' "
-                             "tokens.") from error
+            raise UnsupportedSetupError("TextTemplateInput needs a fast tokenizer (with offsets) to find its "
+                                        "segments' tokens.") from error
         ids = torch.as_tensor(encoded["input_ids"])
         if len(ids) == 0:
             raise InputError("the prompt is empty: the template and its values give no tokens.")

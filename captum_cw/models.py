@@ -298,7 +298,7 @@ def _unpickling_refused(name: str, source: str) -> Iterator[None]:
         yield
     except pickle.UnpicklingError as error:
         found = re.search(r"GLOBAL (\S+)", str(error))
-        held = f" (it calls {found.group(1)})" if found else ""
+        held = f" (it imports {found.group(1)})" if found else ""
         files = sorted(path.name for path in Path(source).glob("*.bin")) if Path(source).is_dir() else []
         weights = f"{', '.join(files)} of {name}" if files else f"the pickled weights of {name}"
         raise InputError(f"refused to unpickle {weights}{held}: loading it could run code. Convert it to "

@@ -285,7 +285,8 @@ def test_a_malicious_pickle_is_refused_in_one_line_and_the_command_exits_2(tmp_p
     with pytest.raises(InputError) as error:  # was: torch's UnpicklingError, advising weights_only=False
         load_model(str(folder))
     message = _one_line_without_module_dump(error)
-    assert message.startswith(f"refused to unpickle pytorch_model.bin of {folder} (it imports posix.system)")
+    assert re.match(rf"refused to unpickle pytorch_model.bin of {re.escape(str(folder))} \(it imports \w+\.system\)",
+                    message)
     assert "convert it to safetensors" in message.lower() and not marker.exists()
     with pytest.raises(SystemExit) as exit_status:
         cli.main(["attribute", "a a", "--model", str(folder)])

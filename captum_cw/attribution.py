@@ -101,6 +101,11 @@ class MetricAttribution(Attribution):
                     :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run the self-check (see :class:`ContributionWeights`).
                     Default: True
+        **captum_arguments: Captum constructor arguments (``multiply_by_inputs``,
+                    ``device_ids``) are refused with an
+                    :class:`~captum_cw.errors.UnsupportedArgumentError` that says why; so
+                    are a forward function or a layer module in place of ``model``
+                    and a module in ``layers`` or ``heads``.
     """
 
     def __init__(

@@ -11,7 +11,15 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_cw.architectures import AttentionLayer, find_attention_layers
-from captum_cw.errors import InputError, UnsupportedArchitectureError
+from captum_cw.errors import (
+    InputError,
+    UnsupportedArchitectureError,
+    UnsupportedArgumentError,
+    UnsupportedSetupError,
+    refuse_captum_arguments,
+    refuse_noisy_token_ids,
+    require_model,
+)
 from captum_cw.geometry import HeadGeometry
 from captum_cw.metrics import METRICS, Metric, get_metric
 from captum_cw.scan import (
@@ -54,6 +62,28 @@ def _count_heads(layer: AttentionLayer) -> int:
     return int(getattr(module, "config").num_attention_heads)
 
 
+_ATTRIBUTE_ARGUMENTS = ("inputs", "attention_mask", "additional_forward_args", "query_positions", "per_head",
+                       "return_convergence_delta")
+"""What :meth:`MetricAttribution.attribute` takes, named when it is given another keyword argument."""
+
+
+def _refuse_module_selection(layers: Sequence[AttentionLayer], selection: object, argument: str, owner: str) -> None:
+    r"""
+    Refuses a module where layer (or head) indices are expected, as a port of ``LayerIntegratedGradients(model,
+    layer)`` passes it, naming the index of the attention layer it holds where there is one.
+    """
+    given = list(selection) if isinstance(selection, (list, tuple, nn.ModuleList)) else [selection]
+    modules = [item for item in given if isinstance(item, nn.Module)]
+    if not modules:
+        return
+    found = [[k for k, layer in enumerate(layers) if any(sub is layer.attention for sub in module.modules())]
+             for module in modules]
+    hint = (f"pass {argument}={[held[0] for held in found]} (the index of the attention layer in each module)"
+            if argument == "layers" and all(len(held) == 1 for held in found) else f"pass {argument} as indices")
+    raise UnsupportedArgumentError(f"{owner}: {argument} holds a {type(modules[0]).__name__} module; captum_cw "
+                                   f"selects {argument} by index, not by module: {hint}.")
+
+
 class MetricScores(NamedTuple):
     r"""Several metrics from one forward pass: scores and deltas keyed by metric name, and the model's output."""
 
@@ -79,6 +109,11 @@ class MetricAttribution(Attribution):
                     :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run the self-check (see :class:`ContributionWeights`).
                     Default: True
+        **captum_arguments: Captum constructor arguments (``multiply_by_inputs``,
+                    ``device_ids``) are refused with an
+                    :class:`~captum_cw.errors.UnsupportedArgumentError` that says why; so
+                    are a forward function or a layer module in place of ``model``
+                    and a module in ``layers`` or ``heads``.
     """
 
     def __init__(
@@ -89,7 +124,11 @@ class MetricAttribution(Attribution):
         heads: int | Sequence[int] | None = None,
         chunk_size: int | None = None,
         verify: bool = True,
+        **captum_arguments: Any,
     ) -> None:
+        owner = type(self).__name__
+        require_model(model, owner)
+        refuse_captum_arguments(owner, captum_arguments)
         self.metric: Metric = get_metric(metric)
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                        or chunk_size < 1):
@@ -98,6 +137,8 @@ class MetricAttribution(Attribution):
         super().__init__(model)
         self.model = model
         self.attention_layers = find_attention_layers(model)
+        _refuse_module_selection(self.attention_layers, layers, "layers", owner)
+        _refuse_module_selection(self.attention_layers, heads, "heads", owner)
         self.n_heads = _count_heads(self.attention_layers[0])
         self.layers = select_indices(layers, len(self.attention_layers), "layer")
         self.heads = select_indices(heads, self.n_heads, "head")
@@ -223,13 +264,15 @@ class MetricAttribution(Attribution):
     def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
                   additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = ...,
                   query_positions: Sequence[int] | Tensor | None = ..., per_head: bool = ...,
-                  return_convergence_delta: Literal[False] = ...) -> Tensor | tuple[Tensor]: ...
+                  return_convergence_delta: Literal[False] = ..., **captum_arguments: Any
+                  ) -> Tensor | tuple[Tensor]: ...
 
     @overload
     def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
                   additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = ...,
                   query_positions: Sequence[int] | Tensor | None = ..., per_head: bool = ..., *,
-                  return_convergence_delta: Literal[True]) -> tuple[Tensor | tuple[Tensor], Tensor]: ...
+                  return_convergence_delta: Literal[True], **captum_arguments: Any
+                  ) -> tuple[Tensor | tuple[Tensor], Tensor]: ...
 
     @log_usage()
     def attribute(
@@ -240,6 +283,7 @@ class MetricAttribution(Attribution):
         query_positions: Sequence[int] | Tensor | None = None,
         per_head: bool = False,
         return_convergence_delta: bool = False,
+        **captum_arguments: Any,
     ) -> Tensor | tuple[Tensor] | tuple[Tensor | tuple[Tensor], Tensor]:
         r"""
         Scores of every selected layer, head and query row over all keys.
@@ -273,9 +317,14 @@ class MetricAttribution(Attribution):
                         Default: False
             return_convergence_delta (bool, optional): also return the completeness
                         gap. Only for metrics with a completeness identity
-                        (attention and contribution weights); the others raise a
-                        ValueError.
+                        (attention and contribution weights); the others raise an
+                        :class:`~captum_cw.errors.UnsupportedArgumentError` (a TypeError).
                         Default: False
+            **captum_arguments: refused with an
+                        :class:`~captum_cw.errors.UnsupportedArgumentError` (a TypeError)
+                        that says what to do instead: Captum's ``baselines``,
+                        ``n_steps``, ``method``, ``internal_batch_size``, ``target``...
+                        (:data:`captum_cw.errors.CAPTUM_ARGUMENTS`) have no meaning here.
 
         Returns:
             *Tensor* or (*Tensor*, *Tensor*):
@@ -298,8 +347,9 @@ class MetricAttribution(Attribution):
                         from the scores. :meth:`compute_convergence_delta` gives the
                         same number for any attributions tensor.
         """
+        refuse_captum_arguments(f"{type(self).__name__}.attribute", captum_arguments, _ATTRIBUTE_ARGUMENTS)
         if return_convergence_delta and not self.has_convergence_delta():
-            raise ValueError(
+            raise UnsupportedArgumentError(
                 f"{type(self).__name__} has no completeness identity (its rows do not sum to 1), so it has no "
                 "convergence delta; call attribute() with return_convergence_delta=False."
             )
@@ -332,7 +382,8 @@ class MetricAttribution(Attribution):
             Tensor ``(batch,)``.
         """
         if not self.has_convergence_delta():
-            raise InputError(f"{type(self).__name__} has no completeness identity, so it has no convergence delta.")
+            raise UnsupportedSetupError(f"{type(self).__name__} has no completeness identity, so it has no "
+                                        "convergence delta; use ContributionWeights or AttentionWeights for one.")
         scores: Tensor = _untuple(attributions)[1]
         main = _untuple(inputs)[1]
         if scores.dim() not in (4, 5):
@@ -363,6 +414,7 @@ class MetricAttribution(Attribution):
         Returns:
             ``(attributions, delta, model_output)``.
         """
+        refuse_noisy_token_ids(self.model, inputs, f"{type(self).__name__}.attribute")
         return self._rows_with_output(inputs, attention_mask, additional_forward_args, query_positions, per_head)
 
     def _rows_with_output(
@@ -406,8 +458,9 @@ class _FixedMetricAttribution(MetricAttribution):
         heads: int | Sequence[int] | None = None,
         chunk_size: int | None = None,
         verify: bool = True,
+        **captum_arguments: Any,
     ) -> None:
-        super().__init__(model, self.metric_name, layers, heads, chunk_size, verify)
+        super().__init__(model, self.metric_name, layers, heads, chunk_size, verify, **captum_arguments)
 
 
 class ContributionWeights(MetricAttribution):
@@ -452,10 +505,11 @@ class ContributionWeights(MetricAttribution):
         variant: str = "inter",
         chunk_size: int | None = None,
         verify: bool = True,
+        **captum_arguments: Any,
     ) -> None:
         if variant not in ("inter", "intra"):
             raise InputError(f"variant must be 'inter' or 'intra', got {variant!r}.")
-        super().__init__(model, f"cw_{variant}", layers, heads, chunk_size, verify)
+        super().__init__(model, f"cw_{variant}", layers, heads, chunk_size, verify, **captum_arguments)
         self.variant = variant
 
     def attribute_factors(

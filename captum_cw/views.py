@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from captum_cw.attribution import attribute_metrics, attributor_for
+from captum_cw.errors import InputError
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import get_metric
 from captum_cw.models import readable_tokens
@@ -281,9 +282,28 @@ def _per_row(value: Any, n_rows: int, what: str) -> list[Any]:
         return [value] * n_rows
     values = list(value)
     if len(values) != n_rows:
-        raise ValueError(f"{what} has {len(values)} entries for {n_rows} rows of scores; give one per row or one "
+        raise InputError(f"{what} has {len(values)} entries for {n_rows} rows of scores; give one per row or one "
                          "for all.")
     return values
+
+
+def _refuse_summed_scores(scores: Tensor, tokens: Sequence[str] | Sequence[Sequence[str]]) -> None:
+    r"""
+    Refuses scores summed over the tokens: ``(batch,)`` (Captum's ``attributions.sum(dim=-1)``) or
+    ``(batch, 1)`` where one score per token is expected, told apart from one row ``(n,)`` by the tokens given.
+    """
+    per_row_tokens = not all(isinstance(token, str) for token in tokens)
+    n_tokens = len(tokens[0]) if per_row_tokens and len(tokens) else len(tokens)
+    if scores.dim() == 1:
+        summed = n_tokens > 1 and ((len(tokens) == len(scores)) if per_row_tokens else (len(scores) != n_tokens))
+    else:
+        summed = scores.dim() == 2 and scores.shape[1] == 1 and n_tokens > 1
+    if summed:
+        batch = scores.shape[0]
+        raise InputError(f"text_records: {n_tokens} tokens for {scores.numel()} scores: got {tuple(scores.shape)}, "
+                         f"expected ({batch}, {n_tokens}): do not sum over tokens (Captum's attributions.sum(dim=-1) "
+                         "sums embedding dimensions; TokenContributions already gives one score per token); for one "
+                         "row, give one token per score.")
 
 
 def _record_word(token: str) -> str:
@@ -347,13 +367,14 @@ def text_records(
         return text_records(result.token_attr, words, pred_class=outputs, pred_prob=output_probs,
                             attr_class=[f"target token {k}" for k in range(len(outputs))], normalize=normalize)
     scores = torch.as_tensor(attributions).detach().float().cpu()
+    if tokens is None:
+        raise InputError("tokens are needed for a tensor of scores: pass the words, one list for all rows or one "
+                         "per row.")
+    _refuse_summed_scores(scores, tokens)
     if scores.dim() == 1:
         scores = scores[None]
     if scores.dim() != 2:
-        raise ValueError(f"attributions must be (n,) or (rows, n), got shape {tuple(scores.shape)}.")
-    if tokens is None:
-        raise ValueError("tokens are needed for a tensor of scores: pass the words, one list for all rows or one "
-                         "per row.")
+        raise InputError(f"attributions must be (n,) or (rows, n), got shape {tuple(scores.shape)}.")
     shared = all(isinstance(token, str) for token in tokens)
     token_rows = [list(tokens)] * len(scores) if shared else _per_row(tokens, len(scores), "tokens")
     records = []
@@ -363,7 +384,7 @@ def text_records(
         if tokenizer is not None:
             words = [tokenizer.convert_tokens_to_string([t]) for t in words]
         if len(words) != len(row):
-            raise ValueError(f"{len(words)} tokens for {len(row)} scores; give one token per score.")
+            raise InputError(f"{len(words)} tokens for {len(row)} scores; give one token per score.")
         peak = float(row.abs().max()) if len(row) else 0.0
         shown = row / peak if normalize and peak > 0 else row
         records.append(visualization.VisualizationDataRecord(shown, float(prob), pred, true, attr, float(row.sum()),

@@ -156,9 +156,14 @@ def test_several_attention_classes_are_not_guessed():
 
 
 def test_model_without_attention_explains_registration():
-    with pytest.raises(ValueError, match="Unsupported architecture 'Sequential': captum_cw found no module that "
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="model is a Sequential module without a transformers config"):
+        ContributionWeights(model)  # not a transformers model at all: refused before discovery
+    model.config = transformers.PretrainedConfig()
+    model.config.model_type = "toy"
+    with pytest.raises(ValueError, match="Unsupported architecture 'toy': captum_cw found no module that "
                                          "calls transformers' attention interface.*register_architecture"):
-        ContributionWeights(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+        ContributionWeights(model)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

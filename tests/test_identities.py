@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from captum_cw import AttentionWeights, ContributionWeights, ValueWeightedAttention
+from captum_cw.errors import UnsupportedArgumentError
 from tiny_models import FAMILIES, example_inputs
 
 
@@ -110,6 +111,6 @@ def test_batch_encoding_and_dict_inputs(llama):
 
 def test_value_weighted_has_no_delta(llama):
     model, ids, mask = llama
-    with pytest.raises(ValueError, match="no completeness identity"):
+    with pytest.raises(UnsupportedArgumentError, match="no completeness identity"):  # a TypeError, as Captum's
         ValueWeightedAttention(model).attribute(ids, return_convergence_delta=True)
 

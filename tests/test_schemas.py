@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from captum_cw.errors import InputError
 from captum_cw.evaluation import load_examples
 from captum_cw.tasks import TASKS, check_row, read_jsonl
 
@@ -72,7 +73,7 @@ def test_malformed_files_are_named_by_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=rf"^{path}:1: a JSON list where a row object"):
         load_examples("gsm8k", data_dir=tmp_path)
     path.write_bytes(b'{"question": "\xff", "answer": "1"}\n')
-    with pytest.raises(ValueError, match=rf"^{path}:1: not UTF-8 text"):
+    with pytest.raises(InputError, match=rf"^{path}:1: field 'question' is not valid UTF-8 text \(byte 0xff"):
         load_examples("gsm8k", data_dir=tmp_path)
     for content in ("", "\n\n"):
         path.write_text(content)
@@ -83,3 +84,16 @@ def test_malformed_files_are_named_by_file_and_line(tmp_path):
 def test_reader_keeps_each_rows_line(tmp_path):
     path = _write(tmp_path, "gsm8k", [GOOD["gsm8k"], "", GOOD["gsm8k"]])
     assert [row.location for row in read_jsonl(path)] == [f"{path}:1", f"{path}:3"]
+
+
+@pytest.mark.parametrize("task, field", [("fineweb_edu", "text"), ("mmlu", "choices"), ("winogrande", "option2")])
+def test_a_lone_surrogate_is_named_by_file_line_and_field_before_any_tokenizer(tmp_path, task, field):
+    # json.loads reads the escape "\\udc80" as a lone surrogate: no character, no UTF-8 encoding, and a
+    # TypeError from the tokenizer much later
+    bad = dict(GOOD[task])
+    bad[field] = [*bad[field][:3], "x\udc80"] if isinstance(bad[field], list) else "x \udc80 y"
+    line = json.dumps(bad)  # ASCII: the surrogate is written as its escape
+    assert "\\udc80" in line
+    path = _write(tmp_path, task, [json.dumps(GOOD[task]), line])
+    with pytest.raises(InputError, match=rf"^{path}:2: {task} field '{field}' is not valid UTF-8 text"):
+        load_examples(task, data_dir=tmp_path)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from captum_cw.errors import InputError
+
 __all__ = ["Rule", "SCHEMAS", "SourceRow", "check_row", "read_jsonl"]
 
 
@@ -69,7 +71,7 @@ def read_jsonl(path: str | Path) -> Iterator[SourceRow]:
     The rows of a JSONL file (one JSON object per line; blank lines are skipped), each with its ``file:line``.
 
     Raises:
-        ValueError: on a line that is not UTF-8, not JSON or not an object, or a file without rows,
+        InputError: on a line that is not UTF-8, not JSON or not an object, or a file without rows,
                     naming the file and line.
     """
     path = Path(path)
@@ -79,24 +81,39 @@ def read_jsonl(path: str | Path) -> Iterator[SourceRow]:
             location = f"{path}:{number}"
             try:
                 text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ValueError(f"{location}: not UTF-8 text; the file must be JSONL, one JSON object per line.") \
-                    from None
+            except UnicodeDecodeError as error:
+                raise InputError(f"{location}: {_undecodable_field(raw)}not valid UTF-8 text (byte "
+                                 f"{raw[error.start]:#04x} at byte {error.start + 1} of the line); save the file as "
+                                 "UTF-8 JSONL, one JSON object per line.") from None
             if not text.strip():
                 continue
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{location}: not valid JSON ({error.msg}, column {error.colno}); each line must "
+                raise InputError(f"{location}: not valid JSON ({error.msg}, column {error.colno}); each line must "
                                  "hold one JSON object.") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{location}: a JSON {type(row).__name__} where a row object {{...}} was expected.")
+                raise InputError(f"{location}: a JSON {type(row).__name__} where a row object {{...}} was expected.")
             row = SourceRow(row)
             row.location = location
             rows += 1
             yield row
     if rows == 0:
-        raise ValueError(f"{path} holds no rows: write one JSON object per line in the task's hub schema.")
+        raise InputError(f"{path} holds no rows: write one JSON object per line in the task's hub schema.")
+
+
+def _undecodable_field(raw: bytes) -> str:
+    r"""``"field 'name' is "`` for the first field of a JSON line whose text holds bytes that are not UTF-8, or
+    ``""`` where the line does not parse as an object with such a field."""
+    try:
+        row = json.loads(raw.decode("utf-8", errors="surrogateescape"))
+    except json.JSONDecodeError:
+        return ""
+    if isinstance(row, dict):
+        for name, value in row.items():
+            if _lone_surrogate(value) is not None:
+                return f"field {name!r} is "
+    return ""
 
 
 def check_row(task: str, row: dict, index: int) -> dict:
@@ -110,17 +127,35 @@ def check_row(task: str, row: dict, index: int) -> dict:
     Returns:
         The row as a plain dict.
     Raises:
-        ValueError: naming the row, the field, what it must hold and what it holds.
+        InputError: naming the row, the field, what it must hold and what it holds; also for text that is not
+                    valid UTF-8 (a lone surrogate, as a JSON escape such as ``"\ud800"`` writes it), which no
+                    tokenizer can read.
     """
     where = getattr(row, "location", None) or f"{task} row {index}"
     schema = SCHEMAS[task]
     for name, rule in schema.items():
         if name not in row:
-            raise ValueError(f"{where}: the row has no field {name!r}; a {task} row needs "
+            raise InputError(f"{where}: the row has no field {name!r}; a {task} row needs "
                              f"{', '.join(repr(field) for field in schema)}.")
         if not rule.accepts(row[name]):
             shown = json.dumps(row[name], ensure_ascii=False, default=str)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise ValueError(f"{where}: {task} field {name!r} must be {rule.expected}, got {shown}; fix or drop "
+            raise InputError(f"{where}: {task} field {name!r} must be {rule.expected}, got {shown}; fix or drop "
                              "that row.")
+        surrogate = _lone_surrogate(row[name])
+        if surrogate is not None:
+            raise InputError(f"{where}: {task} field {name!r} is not valid UTF-8 text (a lone surrogate "
+                             f"{surrogate!r}, which no tokenizer can read); fix or drop that row.")
     return dict(row)
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    r"""The first lone surrogate (``'\ud800'``) in a string or a list of strings, else None: JSON escapes can
+    write one, but it is no character and has no UTF-8 encoding."""
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                return text[error.start]
+    return None

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
 __all__ = [
     "CAPTUM_ARGUMENTS",
@@ -108,19 +109,22 @@ def refuse_captum_arguments(owner: str, arguments: Mapping[str, Any], accepted: 
 
 def require_model(model: object, owner: str) -> None:
     r"""
-    Refuses anything but a transformers model (an ``nn.Module`` with a ``config``) where the model is expected:
-    a forward function, a layer or another module, with one line naming what was passed (never the module's
-    printout).
+    Refuses anything but a transformers model (an ``nn.Module`` with a ``config``, or a module that wraps one)
+    where the model is expected: a forward function, a layer or another module, with one line naming what was
+    passed (never the module's printout).
 
     Args:
         model (object): what was passed as the model.
         owner (str): the class or function it was passed to, e.g. ``"ContributionWeights"``.
     Raises:
-        UnsupportedArgumentError: if ``model`` is not an ``nn.Module`` whose ``config`` has a ``model_type``.
+        UnsupportedArgumentError: if ``model`` is not an ``nn.Module`` whose ``config`` has a ``model_type``, nor
+                    one that holds a ``PreTrainedModel``.
     """
     if isinstance(model, nn.Module):
         if hasattr(getattr(model, "config", None), "model_type"):
             return
+        if any(isinstance(module, PreTrainedModel) for module in model.modules()):
+            return  # a wrapper around a transformers model: its layers are found inside
         raise UnsupportedArgumentError(
             f"{owner}: model is a {type(model).__name__} module without a transformers config (a layer?): pass the "
             "whole transformers model and choose layers by index with layers=[...].")

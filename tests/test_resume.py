@@ -168,6 +168,47 @@ def test_resume_refuses_other_weights(tiny, tmp_path):
     assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
 
 
+def test_resume_refuses_an_edit_of_a_weight_the_sampled_hash_skips(tiny, tmp_path):
+    model, _ = tiny
+    _run(tiny, _config(TEST_DATA), tmp_path)
+    edited = copy.deepcopy(model)
+    weight = edited.model.layers[1].mlp.down_proj.weight  # the sampled hash reads every (numel // 64)-th value
+    assert weight.numel() // 64 > 1
+    with torch.no_grad():
+        weight.view(-1)[1] += 0.5  # in place, between two sampled values
+    assert model_fingerprint(edited)["weights_sha256"] == model_fingerprint(model)["weights_sha256"]
+    with pytest.raises(ValueError, match=r"the model's weights changed since"):
+        _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=edited)
+    assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+
+
+def test_a_run_stored_with_the_sampled_weight_hash_only_resumes_and_gains_the_full_one(tiny, tmp_path):
+    model, _ = tiny
+    _run(tiny, _config(TEST_DATA), tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    full = stored["fingerprint"]["model"].pop("weights_sha256_all")  # as runs before the full hash stored it
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    retrained = copy.deepcopy(model)
+    with torch.no_grad():
+        retrained.model.layers[1].mlp.down_proj.weight.view(-1)[0] += 0.5  # a sampled value
+    with pytest.raises(ValueError, match=r"the model's weights changed since"):
+        _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
+    assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+    assert json.loads((tmp_path / "config.json").read_text())["fingerprint"]["model"]["weights_sha256_all"] == full
+
+
+def test_the_full_weight_hash_reads_every_byte_of_each_dtype():
+    import hashlib
+
+    linear = torch.nn.Linear(3, 2, bias=False).to(torch.bfloat16)
+    model = transformers.PreTrainedModel.__new__(transformers.PreTrainedModel)
+    torch.nn.Module.__init__(model)
+    model.config, model.linear = transformers.PretrainedConfig(), linear
+    expected = hashlib.sha256(b"linear.weight:(2, 3):torch.bfloat16;")
+    expected.update(linear.weight.detach().view(torch.int16).numpy().tobytes())  # bf16 has no numpy dtype
+    assert model_fingerprint(model)["weights_sha256_all"] == expected.hexdigest()
+
+
 def test_resume_refuses_another_tokenization(tiny, tmp_path):
     # a transformers release once converted a GGUF tokenizer otherwise (no <bos>, other pieces): same text,
     # same weights, other inputs; the run must not mix records of both

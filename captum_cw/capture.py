@@ -52,6 +52,7 @@ class AttentionCall:
     sliding_window: int | None
     is_causal: bool
     replaced: Tensor | None = None  # an earlier capture's replacement of the output
+    rerun: Callable[..., tuple] | None = None  # the implementation on other (query, key, value, mask), same settings
 
     @property
     def output(self) -> Tensor:
@@ -64,6 +65,17 @@ class AttentionCall:
         r"""The kernel's own weights ``(batch, n_heads, n_query, n_key)`` if it returns them (eager), else None."""
         result = self.kernel()
         return result[1] if len(result) > 1 and isinstance(result[1], Tensor) else None
+
+    def rerun_in(self, dtype: torch.dtype) -> Tensor | None:
+        r"""The implementation's output ``(batch, n_query, n_heads, d_head)`` on this call's query, key, value and
+        float mask cast to ``dtype`` (a bool mask as is), every other argument as the model passed it: for a
+        half-precision kernel in float32, the model's own computation on its own inputs without its rounding.
+        None for a call that :func:`capture_attention` did not make (no implementation to rerun)."""
+        if self.rerun is None:
+            return None
+        mask = self.mask.to(dtype) if self.mask is not None and self.mask.is_floating_point() else self.mask
+        with torch.no_grad():
+            return self.rerun(self.query.to(dtype), self.key.to(dtype), self.value.to(dtype), mask)[0]
 
     @property
     def n_heads(self) -> int:
@@ -240,6 +252,7 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
                     sliding_window=kwargs.get("sliding_window"),
                     is_causal=bool(kwargs.get("is_causal", getattr(module, "is_causal", True))),
                     replaced=attention_output,
+                    rerun=lambda *arguments: function(module, *arguments, **kwargs),
                 )
             )
             if replacement is not None:

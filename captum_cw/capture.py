@@ -66,16 +66,30 @@ class AttentionCall:
         result = self.kernel()
         return result[1] if len(result) > 1 and isinstance(result[1], Tensor) else None
 
-    def rerun_in(self, dtype: torch.dtype) -> Tensor | None:
-        r"""The implementation's output ``(batch, n_query, n_heads, d_head)`` on this call's query, key, value and
+    def rerun_in(self, dtype: torch.dtype, rows: Tensor) -> Tensor | None:
+        r"""
+        The implementation's output for the given query rows, run once more on this call's query, key, value and
         float mask cast to ``dtype`` (a bool mask as is), every other argument as the model passed it: for a
         half-precision kernel in float32, the model's own computation on its own inputs without its rounding.
-        None for a call that :func:`capture_attention` did not make (no implementation to rerun)."""
+        With a 4D mask only the given rows are run (with the mask's own rows, each row is computed alone); without
+        one the kernel infers causality from the number of rows, so all of them are run.
+
+        Args:
+            rows (Tensor): query positions, ``(n_rows,)`` long.
+        Returns:
+            Tensor ``(batch, n_rows, n_heads, d_head)``, or None for a call that :func:`capture_attention` did not
+            make (no implementation to rerun).
+        """
         if self.rerun is None:
             return None
-        mask = self.mask.to(dtype) if self.mask is not None and self.mask.is_floating_point() else self.mask
+        query, mask = self.query, self.mask
+        alone = mask is not None and mask.dim() == 4 and mask.shape[2] == query.shape[2]
+        if alone and mask is not None:
+            query, mask = query.index_select(2, rows), mask.index_select(2, rows)
+        mask = mask.to(dtype) if mask is not None and mask.is_floating_point() else mask
         with torch.no_grad():
-            return self.rerun(self.query.to(dtype), self.key.to(dtype), self.value.to(dtype), mask)[0]
+            output = self.rerun(query.to(dtype), self.key.to(dtype), self.value.to(dtype), mask)[0]
+        return output if alone else output.index_select(1, rows)  # [batch, row, head, d_head]
 
     @property
     def n_heads(self) -> int:

@@ -122,19 +122,19 @@ def _input_error(given: Tensor | None, received: ProjectionInput) -> Tensor:
     return _relative_error(taken.to(expected.device, compute), expected.to(compute), received.real[:, :, None])
 
 
-def _reference_output(call: AttentionCall) -> Tensor:
+def _reference_output(call: AttentionCall, rows: Tensor) -> Tensor:
     r"""
-    What ``alpha @ V`` must reproduce, ``(batch, n_query, head, d_head)``: the kernel's output, or for a
-    half-precision kernel (float16, bfloat16) the same kernel run once more on the call's query, key, value and
-    mask in float32, which is the model's computation on its own inputs without half-precision rounding, so that
-    the check holds bfloat16 to float32's tolerance. Flash kernels compute in half precision only: they, and an
-    output an earlier capture replaced, keep the kernel's output and its dtype's tolerance.
+    What ``alpha @ V`` of the given query rows must reproduce, ``(batch, n_rows, head, d_head)``: the kernel's
+    output, or for a half-precision kernel (float16, bfloat16) the same kernel run once more on the call's query,
+    key, value and mask in float32, which is the model's computation on its own inputs without half-precision
+    rounding, so that the check holds bfloat16 to float32's tolerance. Flash kernels compute in half precision
+    only: they, and an output an earlier capture replaced, keep the kernel's output and its dtype's tolerance.
     """
     output = call.output
     if output.dtype not in _HALF or "flash" in call.implementation or call.replaced is not None:
-        return output
-    rerun = call.rerun_in(call.compute_dtype)
-    return output if rerun is None else rerun
+        return output.index_select(1, rows)
+    rerun = call.rerun_in(call.compute_dtype, rows)
+    return output.index_select(1, rows) if rerun is None else rerun
 
 
 def _projected(projection: nn.Module, attention_output: Tensor) -> Tensor:
@@ -183,7 +183,7 @@ def check_layer(
     real = torch.ones(kernel.shape[0], len(checked), dtype=torch.bool, device=kernel.device)  # [batch, r]
     if padding is not None and padding.shape[1] == call.output.shape[1]:
         real = padding.to(kernel.device)[:, checked]
-    reference = _reference_output(call).detach().index_select(1, checked)  # [batch, r, head, d_head]
+    reference = _reference_output(call, checked).detach()  # [batch, r, head, d_head]
     mixed = alpha.index_select(2, picked) @ values  # [batch, head, r, d_head]
     mixed_error = _relative_error(mixed, reference.transpose(1, 2).to(alpha.dtype), real[:, None, :, None])
     kernel_heads = kernel.transpose(1, 2).to(alpha.dtype)  # [batch, head, r, d_head]

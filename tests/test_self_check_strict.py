@@ -151,6 +151,30 @@ def test_a_flash_kernel_is_compared_with_its_own_half_precision_output():
         return AttentionCall(None, query, query, query, lambda: (output, None), None, implementation, 0.5, None, None,
                              True, rerun=lambda *arguments: reruns.append(arguments) or (output.float(), None))
 
-    assert _reference_output(call("flash_attention_2")) is output and not reruns  # no float32 flash kernel
-    assert _reference_output(call("sdpa")).dtype == torch.float32
+    rows = torch.tensor([0, 2])
+    assert (_reference_output(call("flash_attention_2"), rows) == output[:, rows]).all() and not reruns  # no float32
+    assert _reference_output(call("sdpa"), rows).dtype == torch.float32
     assert [argument.dtype for argument in reruns[0][:3]] == [torch.float32] * 3 and reruns[0][3] is None
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_the_float32_rerun_runs_the_checked_rows_alone_only_with_a_4d_mask(monkeypatch, padded):
+    family = FAMILIES["llama"]
+    model = family.build().to(torch.bfloat16)
+    model.set_attn_implementation("sdpa")
+    ids, mask = example_inputs(family)
+    ids, mask = (ids, mask) if padded else (ids[:1, 2:], None)  # unpadded: sdpa gets no mask, causal by row count
+    rows_run = []
+    original = AttentionInterface._global_mapping["sdpa"]
+
+    def counting(module, query, *args, **kwargs):
+        rows_run.append((query.dtype, query.shape[2]))
+        return original(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", counting)
+    ContributionWeights(model).attribute(ids, attention_mask=mask)
+    reruns = [n_rows for dtype, n_rows in rows_run if dtype == torch.float32]
+    assert reruns == ([4, 4] if padded else [ids.shape[1]] * 2)
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", _biased_sdpa(0.04))
+    with pytest.raises(SelfCheckError, match=r"layer 0: the recomputed attention .*allows 0\.0001"):
+        ContributionWeights(model).attribute(ids, attention_mask=mask)

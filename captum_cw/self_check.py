@@ -198,6 +198,12 @@ def check_layer(
                       reference.dtype, alpha.dtype)
 
 
+def _received_error(check: LayerCheck) -> Tensor:
+    r"""The projection-input error of ``check`` as a float 0-dim tensor, -1 where the projection never ran."""
+    error = check.received.error
+    return torch.tensor(-1.0) if error is None else error.float()
+
+
 def raise_on_mismatch(checks: list[LayerCheck]) -> None:
     r"""
     Raises a SelfCheckError naming the first layer whose recomputation does not match the model.
@@ -207,10 +213,8 @@ def raise_on_mismatch(checks: list[LayerCheck]) -> None:
     """
     if not checks:
         return
-    never_ran = torch.tensor(-1.0)
     errors = torch.stack([torch.stack([c.mixed_error.float(), c.projection_error.float(), c.kernel_finite.float(),
-                                       never_ran if c.received.error is None else c.received.error.float().cpu()])
-                          .cpu() for c in checks]).tolist()
+                                       _received_error(c).to(c.mixed_error.device)]).cpu() for c in checks]).tolist()
     for check, (mixed_error, projection_error, kernel_finite, received_error) in zip(checks, errors):
         if not kernel_finite:
             raise SelfCheckError(
@@ -222,11 +226,12 @@ def raise_on_mismatch(checks: list[LayerCheck]) -> None:
             )
         limit = tolerance(check.reference_dtype)
         if not mixed_error <= limit:  # also catches NaN
-            reference = (f"its float32 rerun of the {check.dtype} kernel" if check.reference_dtype != check.dtype
-                         else str(check.dtype))
+            rerun = (f" (its {check.dtype} kernel rerun in {check.reference_dtype})"
+                     if check.reference_dtype != check.dtype else "")
             raise SelfCheckError(
                 f"Self-check failed at layer {check.layer}: the recomputed attention (alpha @ V) differs from the "
-                f"model's own attention output by {mixed_error:.3g} (relative; {reference} allows {limit:.3g}), "
+                f"model's own attention output{rerun} by {mixed_error:.3g} (relative; {check.reference_dtype} allows "
+                f"{limit:.3g}), "
                 "so the scores would not describe this model. Likely causes: dropout (call model.eval()), a "
                 "position bias or other score term the recomputation lacks (e.g. T5's relative bias: run such a "
                 "family with attn_implementation='eager', whose own weights are then used), cached keys "

@@ -24,6 +24,7 @@ from captum_cw.evaluation.run_folder import (
 from captum_cw.models import load_model
 from captum_cw.tasks import load_examples
 from conftest import TEST_DATA
+from tiny_models import FAMILIES
 
 RECORD = {"id": "mmlu-0", "label": 1, "clean": {}, "results": {}}
 
@@ -200,12 +201,11 @@ def test_a_run_stored_with_the_sampled_weight_hash_only_resumes_and_gains_the_fu
 def test_the_full_weight_hash_reads_every_byte_of_each_dtype():
     import hashlib
 
-    linear = torch.nn.Linear(3, 2, bias=False).to(torch.bfloat16)
-    model = transformers.PreTrainedModel.__new__(transformers.PreTrainedModel)
-    torch.nn.Module.__init__(model)
-    model.config, model.linear = transformers.PretrainedConfig(), linear
-    expected = hashlib.sha256(b"linear.weight:(2, 3):torch.bfloat16;")
-    expected.update(linear.weight.detach().view(torch.int16).numpy().tobytes())  # bf16 has no numpy dtype
+    model = FAMILIES["llama"].build().to(torch.bfloat16)  # bfloat16 has no numpy dtype: its bytes as int16
+    expected = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        expected.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
+        expected.update(parameter.detach().view(torch.int16).numpy().tobytes())
     assert model_fingerprint(model)["weights_sha256_all"] == expected.hexdigest()
 
 

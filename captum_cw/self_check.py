@@ -6,9 +6,9 @@ per layer can (docs/DESIGN.md, "Self-check"):
 
 - ``alpha @ V`` recomputed from the call's queries, keys and mask equals the attention
   kernel's own output (catches dropout in train mode, position biases or other terms the
-  recomputation lacks, cached keys, an intervention that replaced the output). A
-  half-precision kernel (not flash) is run once more on the call's own arguments in float32
-  and compared with at float32's tolerance, so bfloat16 catches what float32 catches;
+  recomputation lacks, cached keys, an intervention that replaced the output). For a
+  half-precision kernel (not flash) that output is the kernel run once more on the call's own
+  arguments in float32, held to float32's tolerance, so bfloat16 catches what float32 catches;
 - the declared output projection receives that output during the forward pass (catches an
   ``output_projection`` that names another module: ``q_proj``, ``v_proj``, another layer's);
 - ``sum_h o_h``, built from that output with ``W_O`` split per head, equals the

@@ -54,6 +54,7 @@ class AttentionCall:
     sliding_window: int | None
     is_causal: bool
     replaced: Tensor | None = None  # an earlier capture's replacement of the output
+    rerun: Callable[..., tuple] | None = None  # the implementation on other (query, key, value, mask), same settings
 
     @property
     def output(self) -> Tensor:
@@ -66,6 +67,31 @@ class AttentionCall:
         r"""The kernel's own weights ``(batch, n_heads, n_query, n_key)`` if it returns them (eager), else None."""
         result = self.kernel()
         return result[1] if len(result) > 1 and isinstance(result[1], Tensor) else None
+
+    def rerun_in(self, dtype: torch.dtype, rows: Tensor) -> Tensor | None:
+        r"""
+        The implementation's output for the given query rows, run once more on this call's query, key, value and
+        float mask cast to ``dtype`` (a bool mask as is), every other argument as the model passed it: for a
+        half-precision kernel in float32, the model's own computation on its own inputs without its rounding.
+        With a 4D mask only the given rows are run (with the mask's own rows, each row is computed alone); without
+        one the kernel infers causality from the number of rows, so all of them are run.
+
+        Args:
+            rows (Tensor): query positions, ``(n_rows,)`` long.
+        Returns:
+            Tensor ``(batch, n_rows, n_heads, d_head)``, or None for a call that :func:`capture_attention` did not
+            make (no implementation to rerun).
+        """
+        if self.rerun is None:
+            return None
+        query, mask = self.query, self.mask
+        alone = mask is not None and mask.dim() == 4 and mask.shape[2] == query.shape[2]
+        if alone and mask is not None:
+            query, mask = query.index_select(2, rows), mask.index_select(2, rows)
+        mask = mask.to(dtype) if mask is not None and mask.is_floating_point() else mask
+        with torch.no_grad():
+            output = self.rerun(query.to(dtype), self.key.to(dtype), self.value.to(dtype), mask)[0]
+        return output if alone else output.index_select(1, rows)  # [batch, row, head, d_head]
 
     @property
     def n_heads(self) -> int:
@@ -242,6 +268,7 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
                     sliding_window=kwargs.get("sliding_window"),
                     is_causal=bool(kwargs.get("is_causal", getattr(module, "is_causal", True))),
                     replaced=attention_output,
+                    rerun=lambda *arguments: function(module, *arguments, **kwargs),
                 )
             )
             if replacement is not None:

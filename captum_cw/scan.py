@@ -16,7 +16,7 @@ from captum_cw.architectures import AttentionLayer
 from captum_cw.capture import AttentionCall, capture_attention, take_rows
 from captum_cw.errors import InputError, UnsupportedSetupError
 from captum_cw.geometry import HeadGeometry
-from captum_cw.self_check import LayerCheck, check_layer, raise_on_mismatch
+from captum_cw.self_check import LayerCheck, check_layer, projection_hooks, raise_on_mismatch
 
 __all__ = [
     "CACHE_ARGUMENTS",
@@ -347,10 +347,10 @@ def scan_geometry(
                 alpha = alpha * mask[:, None, None, :] * real_rows
                 mixed = None if mixed is None else torch.where(real_rows, mixed, 0.0)
             if verify and chunk == 0:
-                checks.append(check_layer(layers[k], call, rows, alpha, values, projections, padding))
+                checks.append(check_layer(layers[k], call, rows, alpha, values, projections, padding, hooks))
             on_chunk(k, rows, HeadGeometry(alpha, values, projections, mixed))
 
-    with torch.no_grad(), capture_attention(model, [layer.attention for layer in layers], on_call):
+    with torch.no_grad(), projection_hooks() as hooks, capture_attention(model, [x.attention for x in layers], on_call):
         output = model(model_inputs.main, *positional_args, **model_inputs.keyword)
     raise_on_mismatch(checks)
     return output

@@ -24,6 +24,7 @@ from captum_cw.evaluation.run_folder import (
 from captum_cw.models import load_model
 from captum_cw.tasks import load_examples
 from conftest import TEST_DATA
+from tiny_models import FAMILIES
 
 RECORD = {"id": "mmlu-0", "label": 1, "clean": {}, "results": {}}
 
@@ -166,6 +167,46 @@ def test_resume_refuses_other_weights(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"the model's configuration changed \(rope_theta\) since"):
         _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
     assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+
+
+def test_resume_refuses_an_edit_of_a_weight_the_sampled_hash_skips(tiny, tmp_path):
+    model, _ = tiny
+    _run(tiny, _config(TEST_DATA), tmp_path)
+    edited = copy.deepcopy(model)
+    weight = edited.model.layers[1].mlp.down_proj.weight  # the sampled hash reads every (numel // 64)-th value
+    assert weight.numel() // 64 > 1
+    with torch.no_grad():
+        weight.view(-1)[1] += 0.5  # in place, between two sampled values
+    assert model_fingerprint(edited)["weights_sha256"] == model_fingerprint(model)["weights_sha256"]
+    with pytest.raises(ValueError, match=r"the model's weights changed since"):
+        _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=edited)
+    assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+
+
+def test_a_run_stored_with_the_sampled_weight_hash_only_resumes_and_gains_the_full_one(tiny, tmp_path):
+    model, _ = tiny
+    _run(tiny, _config(TEST_DATA), tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    full = stored["fingerprint"]["model"].pop("weights_sha256_all")  # as runs before the full hash stored it
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    retrained = copy.deepcopy(model)
+    with torch.no_grad():
+        retrained.model.layers[1].mlp.down_proj.weight.view(-1)[0] += 0.5  # a sampled value
+    with pytest.raises(ValueError, match=r"the model's weights changed since"):
+        _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True, model=retrained)
+    assert _run(tiny, _config(TEST_DATA, limit=3), tmp_path, resume=True)["n_examples"] == 3
+    assert json.loads((tmp_path / "config.json").read_text())["fingerprint"]["model"]["weights_sha256_all"] == full
+
+
+def test_the_full_weight_hash_reads_every_byte_of_each_dtype():
+    import hashlib
+
+    model = FAMILIES["llama"].build().to(torch.bfloat16)  # bfloat16 has no numpy dtype: its bytes as int16
+    expected = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        expected.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
+        expected.update(parameter.detach().view(torch.int16).numpy().tobytes())
+    assert model_fingerprint(model)["weights_sha256_all"] == expected.hexdigest()
 
 
 def test_resume_refuses_another_tokenization(tiny, tmp_path):

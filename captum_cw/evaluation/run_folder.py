@@ -35,7 +35,8 @@ __all__ = ["check_data", "check_model", "check_tokens", "config_defaults", "data
            "model_fingerprint", "previous_examples", "previous_run", "read_records", "repair_tail", "session",
            "tokens_fingerprint", "write_config"]
 
-_WEIGHT_SAMPLES = 64  # evenly spaced values hashed per parameter
+_WEIGHT_SAMPLES = 64  # evenly spaced values per parameter in the sampled hash (runs stored before the full one)
+_HASH_CHUNK_BYTES = 2**26  # bytes of a weight moved to the CPU and hashed at once
 
 
 def read_records(out: Path, include_skipped: bool = False) -> list[Record | Skipped]:
@@ -156,23 +157,35 @@ def tokens_fingerprint(examples: Sequence[Example], tokenizer: PreTrainedTokeniz
 def model_fingerprint(model: nn.Module) -> dict[str, Any]:
     r"""
     The model's configuration as JSON (``config``, without its path and transformers version) with its SHA-256,
-    and the SHA-256 of its weights' names, shapes, dtypes and 64 evenly spaced values of each: cheap on any
-    model size, and changed by any retraining or re-save of other weights.
+    and two SHA-256 of its weights' names, shapes and dtypes with their values: ``weights_sha256_all`` over every
+    value (any edit of any weight changes it), and ``weights_sha256`` over 64 evenly spaced values of each, which
+    runs stored before the full hash hold and are still compared by (:func:`check_model`).
     """
     settings = getattr(model, "config", None)
     if not isinstance(settings, PretrainedConfig):
         raise ValueError(f"{type(model).__name__} has no transformers configuration (model.config); the evaluation "
                          "runs transformers models.")
-    weights = hashlib.sha256()
+    sampled, every = hashlib.sha256(), hashlib.sha256()
     for name, parameter in model.named_parameters():
-        weights.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
+        described = f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode()
+        sampled.update(described)
+        every.update(described)
         if parameter.device.type != "meta":  # offloaded weights: their shape only
             flat = parameter.detach().reshape(-1)
             sample = flat[:: max(1, flat.numel() // _WEIGHT_SAMPLES)][:_WEIGHT_SAMPLES]
-            weights.update(sample.float().cpu().numpy().tobytes())
+            sampled.update(sample.float().cpu().numpy().tobytes())
+            _hash_values(every, flat)
     config = _comparable(settings.to_dict())
     return {"config": config, "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
-            "weights_sha256": weights.hexdigest()}
+            "weights_sha256": sampled.hexdigest(), "weights_sha256_all": every.hexdigest()}
+
+
+def _hash_values(digest: Any, flat: torch.Tensor) -> None:
+    r"""Feeds the bytes of every value of ``flat`` (1D, any device and dtype) to ``digest``, a chunk at a time
+    (a GPU's weights reach the CPU one chunk after the other, never as a whole copy)."""
+    raw = flat.contiguous().view(torch.uint8)  # [bytes]
+    for start in range(0, raw.numel(), _HASH_CHUNK_BYTES):
+        digest.update(raw[start:start + _HASH_CHUNK_BYTES].cpu().numpy())
 
 
 def config_defaults(model: nn.Module) -> dict[str, Any]:
@@ -291,7 +304,8 @@ def check_tokens(out: Path, previous: dict | None, examples: Sequence[Example], 
 def check_model(out: Path, previous: dict | None, fingerprint: dict[str, Any],
                 defaults: dict[str, Any] | None = None) -> None:
     r"""
-    Refuses to resume with another model: its weights must hash as they did and its configuration must hold
+    Refuses to resume with another model: its weights must hash as they did (every value; for a run stored
+    before that hash, the sampled values, and the run then stores the full hash) and its configuration must hold
     the same settings, except settings added since (by a transformers release) that hold their defaults.
 
     Args:
@@ -307,8 +321,8 @@ def check_model(out: Path, previous: dict | None, fingerprint: dict[str, Any],
         settings = _config_changes(before["config"], fingerprint["config"], defaults or {})
     else:  # stored before configurations were: only the hash of the whole
         settings = [] if before.get("config_sha256") == fingerprint["config_sha256"] else ["?"]
-    changed = ["configuration"] * bool(settings) + ["weights"] * (before["weights_sha256"] != fingerprint[
-        "weights_sha256"])
+    weights = "weights_sha256_all" if "weights_sha256_all" in before else "weights_sha256"  # older runs: sampled
+    changed = ["configuration"] * bool(settings) + ["weights"] * (before[weights] != fingerprint[weights])
     if changed:
         named = [name for name in settings if name != "?"]
         detail = f" ({', '.join(named[:8])}{', ...' if len(named) > 8 else ''})" if named else ""

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from captum_cw.arguments import OneLineParser, device, int_at_least, non_negative_float, percent, probability
 from captum_cw.errors import CaptumCWError, InputError
+from captum_cw.files import strict_json
 from captum_cw.models import DTYPES, load_model
 from captum_cw.tasks import SOURCES, TASKS, load_examples
 
@@ -138,8 +138,8 @@ def _sinks(args: argparse.Namespace) -> int:
     texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir, args.source)]
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     summary = sink_study(model, tokenizer, texts, args.out, args.threshold, args.max_tokens, args.factor)
-    print(json.dumps({key: summary[key] for key in ("detection", "factors_mean_sink_vs_other", "convexity",
-                                                    "sink_norm_intervention")}, indent=2))
+    print(strict_json({key: summary[key] for key in ("detection", "factors_mean_sink_vs_other", "convexity",
+                                                     "sink_norm_intervention")}, indent=2))
     if summary["skipped"]:
         print(f"{len(summary['skipped'])} texts skipped, too short to study: see 'skipped' in {args.out}/sinks.json")
     print(f"written to {args.out}")

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -160,6 +161,20 @@ def test_sinks_json_is_strict_json(tiny, tmp_path):
     assert written["n_texts"] == 2
     assert [n is None for n in _numbers(written["factors_mean_sink_vs_other"])] == [
         math.isnan(n) for n in _numbers(summary["factors_mean_sink_vs_other"])]
+
+
+def test_a_view_writes_strict_json_in_its_file_and_its_page(tiny, tmp_path):
+    from captum_cw.views import attribution_view, write_html
+
+    model, tokenizer = tiny
+    view = attribution_view(model, tokenizer, "The capital of France is")
+    view.aggregated["attention"][0, 1] = math.nan  # an undefined score
+    view.per_head["attention"][0, 0, 0, 1] = math.inf
+    document = strict_loads(view.write_json(tmp_path / "s.json").read_text(encoding="utf-8"))
+    assert document["scores"]["attention"]["aggregated"][0][1] is None
+    assert document["scores"]["attention"]["per_head"][0][0][0][1] is None
+    page = write_html(view, tmp_path / "v.html").read_text(encoding="utf-8")
+    strict_loads(re.search(r'<script type="application/json" id="cw-data">(.*?)</script>', page, re.S)[1])
 
 
 @pytest.mark.parametrize("name, magic", [("f.png", b"\x89PNG"), ("f.pdf", b"%PDF"), ("f.svg", b"<?xml"),

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "captum_cw"
 LAYERS = {
     # -1: the exceptions, importable from everywhere
     "captum_cw.errors": -1,
-    # 0: no captum_cw imports but the exceptions; tensors, numbers, files and figures
+    # 0: no captum_cw imports but the exceptions; tensors, numbers, files, models and data
     "captum_cw.arguments": 0,
     "captum_cw.files": 0,
     "captum_cw.geometry": 0,

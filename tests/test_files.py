@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from captum_cw.errors import InputError
 from captum_cw.evaluation import EvaluationConfig, evaluate, runner as runner_module
 from captum_cw.evaluation.protocols import ProtocolConfig
-from captum_cw.evaluation.report import write_report
+from captum_cw.evaluation.report import aopc_cells, paper_order, write_report
 from captum_cw.evaluation.run_folder import read_records
 from captum_cw.files import output_path, save_figure, strict_json, write_atomically, write_json
 from captum_cw.models import load_model
@@ -87,6 +87,17 @@ def test_summary_json_is_strict_json(tmp_path):
     written = strict_loads((tmp_path / "summary.json").read_text())
     assert written["bins"]["random"]["comprehensiveness"]["10"]["delta_nll"]["mean"] is None
     assert written["bins"]["random"]["comprehensiveness"]["50"]["delta_nll"]["mean"] == 0.5
+    assert aopc_cells(written) == [("random", "nan [nan, nan]", "nan [nan, nan]")]  # read back, shown as before
+
+
+def test_undefined_values_read_back_from_a_summary_compare_as_nan():
+    def row(mean):
+        return {"mean": mean, "ci_low": mean, "ci_high": mean, "n": 2}
+
+    aopc = {metric: {mode: {"delta_nll": row(value)} for mode in ("comprehensiveness", "sufficiency")}
+            for metric, value in (("attention", None), ("cw_inter", 0.5))}
+    order = paper_order(aopc, "delta_nll")
+    assert order["comprehensiveness"]["holds"] is False and order["sufficiency"]["separated"] is False
 
 
 def test_a_summary_killed_while_it_is_written_leaves_the_old_files(tmp_path, monkeypatch):

@@ -197,9 +197,13 @@ def ig_completeness_line(summary: Mapping[str, Any]) -> str:
             f"|f(x) - f(baseline)| of {check['median_abs_output_change']:.3g}.")
 
 
+def _number(value: float | None) -> float:
+    r"""A number of a summary; None (an undefined value, as summary.json stores NaN) is NaN again."""
+    return math.nan if value is None else value
+
+
 def _cell(row: Interval) -> str:
-    mean, low, high = (math.nan if row[key] is None else row[key] for key in ("mean", "ci_low", "ci_high"))
-    return f"{mean:.4f} [{low:.4f}, {high:.4f}]"  # None: an undefined value read back from summary.json
+    return f"{_number(row['mean']):.4f} [{_number(row['ci_low']):.4f}, {_number(row['ci_high']):.4f}]"
 
 
 def aopc_header(summary: Summary) -> list[str]:
@@ -331,8 +335,8 @@ def paper_order(aopc: dict, measure: str) -> dict[str, Any]:
     for mode, better_is_higher in (("comprehensiveness", True), ("sufficiency", False)):
         rows = [aopc[m][mode][measure] for m in present]
         pairs = list(zip(rows, rows[1:])) if better_is_higher else [(b, a) for a, b in zip(rows, rows[1:])]
-        holds = [upper["mean"] > lower["mean"] for lower, upper in pairs]
-        separated = [upper["ci_low"] > lower["ci_high"] for lower, upper in pairs]
+        holds = [_number(upper["mean"]) > _number(lower["mean"]) for lower, upper in pairs]
+        separated = [_number(upper["ci_low"]) > _number(lower["ci_high"]) for lower, upper in pairs]
         result[mode] = {"metrics": present, "aopc": [row["mean"] for row in rows],
                         "holds": all(holds) if pairs else None, "separated": all(separated) if pairs else None}
     return result

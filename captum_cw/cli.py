@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from captum_cw.arguments import OneLineParser, device, int_at_least, non_negative_float, percent, probability
+from captum_cw.errors import CaptumCWError, InputError
+from captum_cw.files import strict_json
 from captum_cw.models import DTYPES, load_model
 from captum_cw.tasks import SOURCES, TASKS, load_examples
 
@@ -55,17 +56,30 @@ def _scores(model, tokenizer, args: argparse.Namespace):
                             aggregation=args.aggregation, position=args.position, model_name=args.model)
 
 
+def _output_files(args: argparse.Namespace) -> tuple[Path | None, dict[str, Path]]:
+    r"""
+    The files ``attribute`` writes, checked before the model loads: the heatmap (``--out``; by default
+    ``captum_cw_heatmap.png``, but none when only --html, --json or --csv are given) and each view asked for.
+    A folder gets its default file name inside it; a suffix that names another format is refused.
+    """
+    from captum_cw.plotting.heatmaps import DEFAULT_HEATMAP, heatmap_path
+    from captum_cw.views import view_path
+
+    views = {kind: view_path(getattr(args, kind), kind, f"--{kind}") for kind in ("html", "json", "csv")
+             if getattr(args, kind) is not None}
+    if args.out is None and views:
+        return None, views
+    return heatmap_path(DEFAULT_HEATMAP if args.out is None else args.out, "--out"), views
+
+
 def _attribute(args: argparse.Namespace) -> int:
-    from captum_cw.plotting import display_token, heatmap_path, plot_layer_token_heatmaps
+    from captum_cw.plotting import display_token, plot_layer_token_heatmaps
     from captum_cw.views import METRIC_LABELS, write_html
 
     if args.target is not None and args.position is not None:
-        raise ValueError("give --position or --target, not both: with --target the positions that predict its "
+        raise InputError("give --position or --target, not both: with --target the positions that predict its "
                          "tokens are explained.")
-    heatmap_path(args.out)  # refuses a folder before the model loads
-    for flag in ("html", "json", "csv"):
-        if getattr(args, flag) is not None and Path(getattr(args, flag)).is_dir():
-            raise ValueError(f"--{flag} {getattr(args, flag)} is a folder; give a file name.")
+    heatmap, views = _output_files(args)
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     view = _scores(model, tokenizer, args)
     sinks = set(view.sinks())
@@ -78,14 +92,14 @@ def _attribute(args: argparse.Namespace) -> int:
         print(f"{token!r:>16}  {cells}" + ("  sink" if key in sinks else ""))
     if sinks:
         print(f"sink: attention above {view.threshold:g} at the explained position(s), mean over heads and layers")
-    panels = {label: view.per_layer[metric].sum(1) for label, metric in zip(labels, view.metrics)}  # [layer, key]
-    path = plot_layer_token_heatmaps(panels, [display_token(token) for token in view.tokens], args.out,
-                                     title=f"{args.model}: {title}", layers=view.layers, marked=sorted(sinks))
-    print(f"heatmap written to {path.resolve()}")
-    for flag, write in (("html", lambda path: write_html(view, path)), ("json", view.write_json),
-                        ("csv", view.write_csv)):
-        if getattr(args, flag) is not None:
-            print(f"{flag.upper()} written to {write(getattr(args, flag)).resolve()}")
+    if heatmap is not None:
+        panels = {label: view.per_layer[metric].sum(1) for label, metric in zip(labels, view.metrics)}  # [layer, key]
+        path = plot_layer_token_heatmaps(panels, [display_token(token) for token in view.tokens], heatmap,
+                                         title=f"{args.model}: {title}", layers=view.layers, marked=sorted(sinks))
+        print(f"heatmap written to {path.resolve()}")
+    writers = {"html": lambda path: write_html(view, path), "json": view.write_json, "csv": view.write_csv}
+    for kind, path in views.items():
+        print(f"{kind.upper()} written to {writers[kind](path).resolve()}")
     return 0
 
 
@@ -124,8 +138,8 @@ def _sinks(args: argparse.Namespace) -> int:
     texts = [example.contexts[0] for example in load_examples(args.task, args.limit, args.data_dir, args.source)]
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     summary = sink_study(model, tokenizer, texts, args.out, args.threshold, args.max_tokens, args.factor)
-    print(json.dumps({key: summary[key] for key in ("detection", "factors_mean_sink_vs_other", "convexity",
-                                                    "sink_norm_intervention")}, indent=2))
+    print(strict_json({key: summary[key] for key in ("detection", "factors_mean_sink_vs_other", "convexity",
+                                                     "sink_norm_intervention")}, indent=2))
     if summary["skipped"]:
         print(f"{len(summary['skipped'])} texts skipped, too short to study: see 'skipped' in {args.out}/sinks.json")
     print(f"written to {args.out}")
@@ -153,10 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
                            help="contribution weights of one variant only (default: both); attention is always shown")
     attribute.add_argument("--aggregation", default="mean", choices=["last", "mean", "rollout"],
                            help="how the table, HTML strips and files combine layers (default: mean)")
-    attribute.add_argument("--out", default="captum_cw_heatmap.png", help="where to write the heatmap PNG")
-    attribute.add_argument("--html", default=None, help="also write a self-contained HTML view here")
-    attribute.add_argument("--json", default=None, help="also write the scores as JSON here")
-    attribute.add_argument("--csv", default=None, help="also write the scores as CSV here (one row per score)")
+    attribute.add_argument("--out", default=None,
+                           help="the heatmap: a .png, .pdf or .svg file, or a folder to write captum_cw_heatmap.png "
+                                "in (default: captum_cw_heatmap.png, unless only --html, --json or --csv are given)")
+    attribute.add_argument("--html", default=None,
+                           help="a self-contained HTML view: a .html file, or a folder to write captum_cw.html in")
+    attribute.add_argument("--json", default=None,
+                           help="the scores as JSON: a .json file, or a folder to write captum_cw.json in")
+    attribute.add_argument("--csv", default=None,
+                           help="the scores as CSV, one row per score: a .csv file, or a folder to write "
+                                "captum_cw.csv in")
     attribute.add_argument("--device", type=device, default=None)
     attribute.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     attribute.set_defaults(run=_attribute)
@@ -218,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, OSError) as error:  # bad input: say what and how to fix it, without a traceback
+    except (CaptumCWError, ValueError, OSError) as error:  # say what and how to fix it, without a traceback
         if args.debug:
             raise
         parser.exit(2, f"captum-cw {args.command}: error: {' '.join(str(error).split())}\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import html
-import json
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +23,14 @@ from transformers import PreTrainedTokenizerBase
 
 from captum_cw.attribution import attribute_metrics, attributor_for
 from captum_cw.errors import InputError
+from captum_cw.files import output_path, strict_json, write_atomically
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import get_metric
 from captum_cw.models import readable_tokens
 from captum_cw.plotting import display_token
 
-__all__ = ["METRIC_LABELS", "AttributionView", "attribution_scores", "attribution_view", "html_view",
-           "index_ranges", "readable_tokens", "render_html", "text_records", "write_html"]
+__all__ = ["METRIC_LABELS", "VIEW_FILES", "AttributionView", "attribution_scores", "attribution_view", "html_view",
+           "index_ranges", "readable_tokens", "render_html", "text_records", "view_path", "write_html"]
 
 METRIC_LABELS = {"cw_inter": "contribution (inter)", "cw_intra": "contribution (intra)", "attention": "attention"}
 VARIANTS = ("inter", "intra")
@@ -133,7 +134,9 @@ class AttributionView:
         }
 
     def write_json(self, path: str | Path) -> Path:
-        return _write(path, json.dumps(self.to_dict(), ensure_ascii=False))
+        r"""Writes :meth:`to_dict` as strict JSON (an undefined number is ``null``) to ``path``, a ``.json`` file
+        or a folder (see :func:`view_path`); returns the file written."""
+        return _write(path, "json", strict_json(self.to_dict(), ensure_ascii=False))
 
     def csv_rows(self) -> list[list[Any]]:
         r"""Long-format rows ``metric, level, layer, head, position, key, token, score`` (header first)."""
@@ -154,24 +157,36 @@ class AttributionView:
         return rows
 
     def write_csv(self, path: str | Path) -> Path:
-        path = _target_file(path)
-        with path.open("w", newline="", encoding="utf-8") as file:
-            csv.writer(file).writerows(self.csv_rows())
-        return path
+        r"""Writes :meth:`csv_rows` to ``path``, a ``.csv`` file or a folder (see :func:`view_path`); returns the
+        file written."""
+        text = io.StringIO(newline="")
+        csv.writer(text).writerows(self.csv_rows())
+        return _write(path, "csv", text.getvalue())
 
 
-def _target_file(path: str | Path) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder; give a file name.")
+VIEW_FILES: dict[str, tuple[tuple[str, ...], str]] = {
+    "html": ((".html", ".htm"), "captum_cw.html"),
+    "json": ((".json",), "captum_cw.json"),
+    "csv": ((".csv",), "captum_cw.csv"),
+}
+"""Per format of a view, the suffixes its file may have and its file's name inside a folder."""
+
+
+def view_path(path: str | Path, kind: str, flag: str = "path") -> Path:
+    r"""
+    The file a view of format ``kind`` (``"html"``, ``"json"`` or ``"csv"``) goes to: ``path`` when its suffix is
+    the format's; ``captum_cw.<kind>`` inside it when it is a folder (one that exists, ends in ``/`` or has no
+    suffix). Any other suffix raises an :class:`~captum_cw.errors.InputError` naming ``flag``.
+    """
+    suffixes, name = VIEW_FILES[kind]
+    return output_path(path, suffixes, name, flag)
+
+
+def _write(path: str | Path, kind: str, text: str) -> Path:
+    r"""Writes ``text`` to the file :func:`view_path` names, atomically, creating its folder; returns the file."""
+    path = view_path(path, kind)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _write(path: str | Path, text: str) -> Path:
-    path = _target_file(path)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_atomically(path, text)
 
 
 def attribution_view(
@@ -448,7 +463,7 @@ def _token_strips(view: AttributionView) -> str:
 
 
 def _script_json(data: Any) -> str:
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    text = strict_json(data, ensure_ascii=False, separators=(",", ":"))  # JSON.parse refuses NaN
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
@@ -669,5 +684,6 @@ def html_view(model: nn.Module, tokenizer: PreTrainedTokenizerBase, text: str, t
 
 
 def write_html(view: AttributionView | str, path: str | Path) -> Path:
-    r"""Writes an :class:`AttributionView` (or a page from :func:`html_view`) to ``path``; returns the path."""
-    return _write(path, view if isinstance(view, str) else render_html(view))
+    r"""Writes an :class:`AttributionView` (or a page from :func:`html_view`) to ``path``, a ``.html`` file or a
+    folder (see :func:`view_path`); returns the file written."""
+    return _write(path, "html", view if isinstance(view, str) else render_html(view))

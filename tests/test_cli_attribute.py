@@ -91,10 +91,69 @@ def test_user_errors_exit_2_with_one_line(capsys, tiny_llm_dir, tmp_path, extra,
     assert line.startswith("captum-cw attribute: error: ") and message in line, line
 
 
-@pytest.mark.parametrize("flag", ["--json", "--csv", "--html"])
-def test_an_output_folder_is_refused_before_the_model_loads(capsys, tmp_path, flag):
-    line = _fails(capsys, ["attribute", TEXT, "--model", "no-such-model", flag, str(tmp_path)])
-    assert line == f"captum-cw attribute: error: {flag} {tmp_path} is a folder; give a file name."
+@pytest.mark.parametrize("flag, name", [("--json", "captum_cw.json"), ("--csv", "captum_cw.csv"),
+                                        ("--html", "captum_cw.html")])
+def test_a_view_flag_alone_writes_its_file_in_a_folder_and_no_heatmap(capsys, tiny_llm_dir, tmp_path, monkeypatch,
+                                                                      flag, name):
+    monkeypatch.chdir(tmp_path)  # where the default heatmap would go
+    folder = tmp_path / "views"
+    folder.mkdir()
+    assert main(["attribute", TEXT, "--model", str(tiny_llm_dir), flag, str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert (folder / name).stat().st_size > 0 and f"written to {folder / name}\n" in out
+    assert "heatmap" not in out and not list(tmp_path.rglob("*.png"))  # asked for another format: no PNG
+
+
+@pytest.mark.parametrize("out, written", [
+    ("heat.pdf", "heat.pdf"), ("heat.svg", "heat.svg"), ("HEAT.PNG", "HEAT.PNG"),
+    ("plots/", "plots/captum_cw_heatmap.png"),  # a folder, created
+    ("new", "new/captum_cw_heatmap.png"),  # no suffix: a folder, not new.png
+])
+def test_out_writes_the_format_its_suffix_names_or_into_a_folder(capsys, tiny_llm_dir, tmp_path, out, written):
+    assert main(["attribute", TEXT, "--model", str(tiny_llm_dir), "--out", str(tmp_path) + "/" + out,
+                 "--json", str(tmp_path / "s.json")]) == 0
+    magic = {".pdf": b"%PDF", ".svg": b"<?xml", ".png": b"\x89PNG"}[(tmp_path / written).suffix.lower()]
+    assert (tmp_path / written).read_bytes().startswith(magic)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        [written, "s.json"])
+    assert f"heatmap written to {tmp_path / written}\n" in capsys.readouterr().out
+
+
+def test_an_existing_folder_gets_the_heatmap_inside(capsys, tiny_llm_dir, tmp_path):
+    folder = tmp_path / "plots.d"  # a folder whose name has a suffix
+    folder.mkdir()
+    assert main(["attribute", TEXT, "--model", str(tiny_llm_dir), "--out", str(folder)]) == 0
+    assert (folder / "captum_cw_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "plots.png").exists()
+
+
+def test_without_output_flags_the_default_heatmap_is_written(capsys, tiny_llm_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["attribute", TEXT, "--model", str(tiny_llm_dir)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["captum_cw_heatmap.png"]
+    assert f"heatmap written to {tmp_path / 'captum_cw_heatmap.png'}\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, value, accepted", [
+    ("--out", "heat.jpg", "'.jpg', which names no format written here; give a file name ending in .png, .pdf, .svg"),
+    ("--out", "scores.json", "'.json', which names no format written here; give a file name ending in .png"),
+    ("--json", "scores.txt", "'.txt', which names no format written here; give a file name ending in .json, or"),
+    ("--csv", "scores.json", "'.json', which names no format written here; give a file name ending in .csv, or"),
+    ("--html", "view.png", "'.png', which names no format written here; give a file name ending in .html, .htm,"),
+])
+def test_a_suffix_of_another_format_is_refused_before_the_model_loads(capsys, tmp_path, monkeypatch, flag, value,
+                                                                      accepted):
+    monkeypatch.chdir(tmp_path)
+    line = _fails(capsys, ["attribute", TEXT, "--model", "no-such-model", flag, value])
+    assert line.startswith(f"captum-cw attribute: error: {flag} {value} has the suffix {accepted}"), line
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_file_without_suffix_is_not_taken_for_a_folder(capsys, tmp_path):
+    (tmp_path / "notes").write_text("mine")
+    line = _fails(capsys, ["attribute", TEXT, "--model", "no-such-model", "--out", str(tmp_path / "notes")])
+    assert line.startswith(f"captum-cw attribute: error: --out {tmp_path / 'notes'} is a file without a suffix")
+    assert (tmp_path / "notes").read_text() == "mine"
 
 
 @pytest.mark.parametrize("extra, message", [

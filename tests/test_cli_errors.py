@@ -114,14 +114,24 @@ def test_a_run_where_no_example_can_be_scored(capsys, tiny_llm_dir, tmp_path):
 def test_attribute_reports_the_file_it_wrote(capsys, tiny_llm_dir, tmp_path):
     assert main(["attribute", "The capital of France is", "--model", str(tiny_llm_dir),
                  "--out", str(tmp_path / "heatmap")]) == 0
-    written = tmp_path / "heatmap.png"  # the format's suffix, added by the plot
+    written = tmp_path / "heatmap" / "captum_cw_heatmap.png"  # no suffix: a folder, not heatmap.png
     assert capsys.readouterr().out.endswith(f"heatmap written to {written}\n")
-    assert written.read_bytes()[:4] == b"\x89PNG"
-    folder = tmp_path / "plots.d"
-    folder.mkdir()
-    err = _fails(capsys, ["attribute", "x", "--model", str(tiny_llm_dir), "--out", str(folder)])
-    assert err.startswith(f"captum-cw attribute: error: {folder} is a folder; give the heatmap a file name")
+    assert written.read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "heatmap.png").exists()
 
+
+def test_a_captum_cw_error_that_is_a_type_error_exits_2(capsys, monkeypatch, tmp_path):
+    from captum_cw import cli
+    from captum_cw.errors import UnsupportedArgumentError
+
+    def refuse(*args, **kwargs):
+        raise UnsupportedArgumentError("the model is a function, not a module; pass the model itself.")
+
+    monkeypatch.setattr(cli, "load_model", refuse)
+    monkeypatch.chdir(tmp_path)
+    err = _fails(capsys, ["attribute", "x", "--json", "scores.json"])  # refused before anything is written
+    assert err == "captum-cw attribute: error: the model is a function, not a module; pass the model itself.\n"
+    with pytest.raises(TypeError):  # --debug: the exception itself
+        main(["attribute", "x", "--json", "scores.json", "--debug"])
 
 
 def test_task_and_source_choices_come_from_the_task_registry(monkeypatch):

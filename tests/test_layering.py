@@ -13,19 +13,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "captum_cw"
 LAYERS = {
     # -1: the exceptions, importable from everywhere
     "captum_cw.errors": -1,
-    # 0: no captum_cw imports but the exceptions; tensors, numbers, files and figures
+    # 0: no captum_cw imports but the exceptions; tensors, numbers, files, models and data
     "captum_cw.arguments": 0,
+    "captum_cw.files": 0,
     "captum_cw.geometry": 0,
     "captum_cw.layer_aggregation": 0,
     "captum_cw.models": 0,
-    "captum_cw.plotting": 0,
     "captum_cw.selection": 0,
     "captum_cw.statistics": 0,
     "captum_cw.tasks": 0,
-    # 1: a model's attention, read and registered
+    # 1: a model's attention, read and registered; figures, written through files
     "captum_cw.architectures": 1,
     "captum_cw.capture": 1,
     "captum_cw.metrics": 1,
+    "captum_cw.plotting": 1,
     # 2-4: one forward pass, checked, and its scores
     "captum_cw.self_check": 2,
     "captum_cw.scan": 3,

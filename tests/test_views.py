@@ -215,8 +215,9 @@ def test_html_view_is_one_valid_self_contained_page(tiny, tmp_path):
     assert written.read_text(encoding="utf-8") == render_html(view)
     folder = tmp_path / "folder.html"
     folder.mkdir()
-    with pytest.raises(ValueError, match="is a folder"):
-        write_html(view, folder)
+    assert write_html(view, folder) == folder / "captum_cw.html"  # a folder gets the page inside it
+    with pytest.raises(ValueError, match="has the suffix '.txt'"):
+        write_html(view, tmp_path / "view.txt")
 
 
 # ------------------------------------------------------------------------------- readable token labels

@@ -8,6 +8,7 @@ The summary (``summary.json``) is built by :func:`~captum_cw.evaluation.report.s
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypedDict, final
 
 from typing_extensions import NotRequired
@@ -126,6 +127,12 @@ def text_clean(record: Record) -> TextClean:
     return clean
 
 
+def _undefined_as_nan(measures: dict[str, Any]) -> Measures:
+    r"""Measures as written to strict JSON (an undefined one, such as the accuracy of an unlabelled example, is
+    ``null``) read back as floats: ``null`` is NaN again."""
+    return {name: math.nan if value is None else value for name, value in measures.items()}
+
+
 def parse_record(raw: dict[str, Any]) -> Record | Skipped:
     r"""
     A record as read from ``records.jsonl``, any version: bin keys normalised by :func:`bin_key`.
@@ -138,7 +145,10 @@ def parse_record(raw: dict[str, Any]) -> Record | Skipped:
     if "skipped" in raw:
         return Skipped(id=raw["id"], skipped=raw["skipped"])
     record = dict(raw)
-    record["results"] = {metric: {mode: {bin_key(b): measures for b, measures in by_bin.items()}
+    record["results"] = {metric: {mode: {bin_key(b): _undefined_as_nan(measures) for b, measures in by_bin.items()}
                                   for mode, by_bin in modes.items()}
                          for metric, modes in raw["results"].items()}
+    if "soft" in raw:
+        record["soft"] = {metric: {mode: _undefined_as_nan(measures) for mode, measures in modes.items()}
+                          for metric, modes in raw["soft"].items()}
     return record  # type: ignore[return-value]  # a JSON object, taken as a Record once its keys are checked

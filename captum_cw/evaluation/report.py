@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import csv
-import json
+import io
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from captum_cw.evaluation.records import (
     record_kind,
     text_clean,
 )
+from captum_cw.files import write_atomically, write_json
 from captum_cw.plotting import plot_curves
 from captum_cw.statistics import Interval, bootstrap_interval, mean_interval, wilson_interval
 from captum_cw.tasks import TASKS
@@ -195,8 +197,13 @@ def ig_completeness_line(summary: Mapping[str, Any]) -> str:
             f"|f(x) - f(baseline)| of {check['median_abs_output_change']:.3g}.")
 
 
+def _number(value: float | None) -> float:
+    r"""A number of a summary; None (an undefined value, as summary.json stores NaN) is NaN again."""
+    return math.nan if value is None else value
+
+
 def _cell(row: Interval) -> str:
-    return f"{row['mean']:.4f} [{row['ci_low']:.4f}, {row['ci_high']:.4f}]"
+    return f"{_number(row['mean']):.4f} [{_number(row['ci_low']):.4f}, {_number(row['ci_high']):.4f}]"
 
 
 def aopc_header(summary: Summary) -> list[str]:
@@ -328,8 +335,8 @@ def paper_order(aopc: dict, measure: str) -> dict[str, Any]:
     for mode, better_is_higher in (("comprehensiveness", True), ("sufficiency", False)):
         rows = [aopc[m][mode][measure] for m in present]
         pairs = list(zip(rows, rows[1:])) if better_is_higher else [(b, a) for a, b in zip(rows, rows[1:])]
-        holds = [upper["mean"] > lower["mean"] for lower, upper in pairs]
-        separated = [upper["ci_low"] > lower["ci_high"] for lower, upper in pairs]
+        holds = [_number(upper["mean"]) > _number(lower["mean"]) for lower, upper in pairs]
+        separated = [_number(upper["ci_low"]) > _number(lower["ci_high"]) for lower, upper in pairs]
         result[mode] = {"metrics": present, "aopc": [row["mean"] for row in rows],
                         "holds": all(holds) if pairs else None, "separated": all(separated) if pairs else None}
     return result
@@ -346,6 +353,34 @@ def order_verdict(order: dict[str, Any]) -> str:
     return "holds by the means (intervals overlap)"
 
 
+def _summary_csv(summary: Summary, task: str) -> str:
+    r"""The text of ``summary.csv`` (see :func:`write_report`), built whole before it is written."""
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle)
+    writer.writerow(["task", "metric", "mode", "bin", "measure", "mean", "ci_low", "ci_high", "n", "examples"])
+
+    def write(metric, mode, b, measure, row, examples):
+        writer.writerow([task, metric, mode, b, measure, row["mean"], row["ci_low"], row["ci_high"], row["n"],
+                         examples])
+
+    for metric, modes in summary["aopc"].items():
+        for mode, measures in modes.items():
+            for measure, row in measures.items():
+                write(metric, mode, "AOPC", measure, row, "all")
+                for b, by_measure in summary["bins"][metric][mode].items():
+                    write(metric, mode, b, measure, by_measure[measure], "all")
+    parts: list[tuple[str, Mapping[str, Any]]] = [("all", summary), ("correct", summary.get("correct", {}))]
+    for examples, part in parts:
+        for name, label in (("aopc", "AOPC"), ("soft", "soft")):
+            if examples == "all" and name == "aopc":
+                continue  # written above, with the bins
+            for metric, modes in part.get(name, {}).items():
+                for mode, measures in modes.items():
+                    for measure, row in measures.items():
+                        write(metric, mode, label, measure, row, examples)
+    return handle.getvalue()
+
+
 def write_report(records: list[Record | Skipped], config, out: Path) -> Summary:
     r"""
     Writes ``summary.json``, ``summary.csv`` and ``curves.png`` under ``out``; returns the summary.
@@ -360,30 +395,8 @@ def write_report(records: list[Record | Skipped], config, out: Path) -> Summary:
     summary = summarize(scored, seed=config.protocol.seed, answers=TASKS[config.task].answers)
     summary["skipped"] = skipped
     summary["config"] = config.to_json()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    with open(out / "summary.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["task", "metric", "mode", "bin", "measure", "mean", "ci_low", "ci_high", "n", "examples"])
-
-        def write(metric, mode, b, measure, row, examples):
-            writer.writerow([config.task, metric, mode, b, measure, row["mean"], row["ci_low"], row["ci_high"],
-                             row["n"], examples])
-
-        for metric, modes in summary["aopc"].items():
-            for mode, measures in modes.items():
-                for measure, row in measures.items():
-                    write(metric, mode, "AOPC", measure, row, "all")
-                    for b, by_measure in summary["bins"][metric][mode].items():
-                        write(metric, mode, b, measure, by_measure[measure], "all")
-        parts: list[tuple[str, Mapping[str, Any]]] = [("all", summary), ("correct", summary.get("correct", {}))]
-        for examples, part in parts:
-            for name, label in (("aopc", "AOPC"), ("soft", "soft")):
-                if examples == "all" and name == "aopc":
-                    continue  # written above, with the bins
-                for metric, modes in part.get(name, {}).items():
-                    for mode, measures in modes.items():
-                        for measure, row in measures.items():
-                            write(metric, mode, label, measure, row, examples)
+    write_json(out / "summary.json", summary, indent=2)
+    write_atomically(out / "summary.csv", _summary_csv(summary, config.task))
     if scored:
         plot_curves(summary, out / "curves.png", title=f"{config.model} on {config.task} ({len(scored)} examples)",
                     modes=MODES)

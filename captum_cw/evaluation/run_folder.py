@@ -15,7 +15,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -29,6 +28,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from captum_cw.evaluation.records import Record, Skipped, parse_record
 from captum_cw.evaluation.sequences import encode
+from captum_cw.files import strict_json, write_atomically
 from captum_cw.tasks import Example
 
 __all__ = ["check_data", "check_model", "check_tokens", "config_defaults", "data_fingerprint", "locked",
@@ -70,25 +70,6 @@ def _is_record(line: bytes) -> bool:
     return True
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    r"""Replaces ``path`` by ``data`` through a synced temporary file in the same folder: never half-written."""
-    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False)
-    try:
-        with handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)  # the rename itself survives a crash
-    finally:
-        os.close(folder)
-
-
 def repair_tail(path: Path) -> None:
     r"""
     Makes a records file end on a full line before records are appended to it. A last record that
@@ -107,7 +88,7 @@ def repair_tail(path: Path) -> None:
             handle.flush()
             os.fsync(handle.fileno())
     else:
-        _write_atomically(path, data[:cut])
+        write_atomically(path, data[:cut])
 
 
 @contextmanager
@@ -360,8 +341,8 @@ def write_config(out: Path, config: dict, fingerprint: dict[str, Any], sessions:
     the environment of each session that had examples left to compute (:func:`session`, oldest first; not
     compared on resume).
     """
-    _write_atomically(out / "config.json", json.dumps({**config, "fingerprint": fingerprint,
-                                                       "sessions": list(sessions)}, indent=2).encode())
+    write_atomically(out / "config.json", strict_json({**config, "fingerprint": fingerprint,
+                                                      "sessions": list(sessions)}, indent=2))
 
 
 def previous_examples(previous: dict | None) -> int | None:

@@ -33,6 +33,7 @@ from captum_cw.evaluation.run_folder import (
     write_config,
 )
 from captum_cw.evaluation.sequences import encode, scoring_problem
+from captum_cw.files import strict_json
 from captum_cw.tasks import TASKS, load_examples
 
 __all__ = ["EvaluationConfig", "evaluate", "read_records"]
@@ -157,7 +158,7 @@ def evaluate(
                 problem = scoring_problem(encoded)
                 record = ({"id": example.id, "skipped": problem} if problem
                           else evaluate_example(model, encoded, config.protocol))
-                handle.write(json.dumps(record) + "\n")
+                handle.write(strict_json(record) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
         state.wait_for_everyone()

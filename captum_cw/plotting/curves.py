@@ -9,6 +9,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from captum_cw.files import save_figure
+
 __all__ = ["plot_curves"]
 
 
@@ -21,7 +23,7 @@ def plot_curves(summary: Mapping[str, Any], path: str | Path, title: str = "",
     Args:
         summary (Mapping): as :func:`captum_cw.evaluation.report.summarize` returns it (``"primary"``,
                     ``"bins"``, ``"aopc"``).
-        path (str or Path): where to write the image.
+        path (str or Path): where to write the image (atomically; its suffix picks the format).
         title (str, optional): figure title.
         modes (Sequence[str], optional): the panels, in order. Default: comprehensiveness, sufficiency
     """
@@ -52,4 +54,4 @@ def plot_curves(summary: Mapping[str, Any], path: str | Path, title: str = "",
     if title:
         figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path, dpi=110)

@@ -10,11 +10,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from captum_cw.files import output_path, save_figure
+
 __all__ = ["display_token", "heatmap_path", "layer_token_heatmaps", "plot_layer_token_heatmaps", "token_ticks"]
 
 MAX_WIDTH = 24.0  # inches: wider figures stack their panels and thin out the token labels
 LABEL_SPACING = 1.9  # a tick label needs this many times its font size (in points) between neighbours
 SINK_COLOUR = "#d55e00"
+HEATMAP_FORMATS = (".png", ".pdf", ".svg")
+DEFAULT_HEATMAP = "captum_cw_heatmap.png"  # the heatmap's name in a folder, and captum-cw attribute's default
 CLIP_RATIO = 2.0  # marked tokens leave the colour scale when they exceed every other score this many times
 
 
@@ -59,14 +63,12 @@ def token_ticks(axis: Axes, tokens: Sequence[str], width: float, fontsize: float
     return every
 
 
-def heatmap_path(path: str | Path) -> Path:
-    r"""Where :func:`plot_layer_token_heatmaps` writes: ``path``, with ``.png`` when it has no suffix; a folder
-    raises a ValueError."""
-    path = Path(path)
-    path = path if path.suffix else path.with_suffix(".png")
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder; give the heatmap a file name such as {path / 'heatmap.png'}.")
-    return path
+def heatmap_path(path: str | Path, flag: str = "path") -> Path:
+    r"""Where :func:`plot_layer_token_heatmaps` writes: ``path`` when it ends in ``.png``, ``.pdf`` or ``.svg``;
+    ``captum_cw_heatmap.png`` inside it when it is a folder (one that exists, ends in ``/`` or has no suffix);
+    any other suffix raises an :class:`~captum_cw.errors.InputError` naming ``flag`` (see
+    :func:`captum_cw.files.output_path`)."""
+    return output_path(path, HEATMAP_FORMATS, DEFAULT_HEATMAP, flag)
 
 
 def plot_layer_token_heatmaps(
@@ -87,8 +89,8 @@ def plot_layer_token_heatmaps(
     Args:
         panels (dict[str, Tensor]): metric name -> scores ``(n_layers, n_tokens)``.
         tokens (Sequence[str]): the token labels.
-        path (str or Path): where to write the image; its suffix picks the format (``.png`` added when
-                    it has none).
+        path (str or Path): where to write the image (atomically): a ``.png``, ``.pdf`` or ``.svg`` file, or
+                    a folder to write ``captum_cw_heatmap.png`` in (see :func:`heatmap_path`).
         title (str, optional): figure title.
         layers (Sequence[int], optional): the layer index of each row, for the y axis. Default: 0, 1, ...
         marked (Sequence[int], optional): token positions to mark (sinks): always labelled, in orange, and
@@ -98,9 +100,7 @@ def plot_layer_token_heatmaps(
     """
     path = heatmap_path(path)
     figure = layer_token_heatmaps(panels, tokens, title, layers, marked)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    return path
+    return save_figure(figure, path, dpi=120)
 
 
 def layer_token_heatmaps(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from captum_cw.files import save_figure
 from captum_cw.plotting import (
     sink_alignment_figure,
     sink_convexity_figure,
@@ -29,18 +30,18 @@ def write_plots(analyses: Sequence[SinkAnalysis], effects: Sequence[SinkNormEffe
     ``sinks_convexity.png`` and ``sinks_norm_effect.png`` (means over the texts) under ``out``.
     """
     first = analyses[0]
-    sink_received_figure(first.received, first.sinks, token_lists[0], threshold).savefig(
-        out / "sinks_received.png", dpi=110)
+    save_figure(sink_received_figure(first.received, first.sinks, token_lists[0], threshold),
+                out / "sinks_received.png", dpi=110)
     factors = {name: torch.stack([a.factors[name] for a in analyses]).nanmean(0) for name in FACTORS}  # [layer, 2]
-    sink_factors_figure(factors).savefig(out / "sinks_factors.png", dpi=110)
-    sink_alignment_figure(torch.stack([a.cos_sink_rest for a in analyses]).mean((0, 2)),
-                          torch.stack([a.cos_sink_output for a in analyses]).mean((0, 2))).savefig(
-        out / "sinks_alignment.png", dpi=110)
-    sink_convexity_figure(torch.cat([a.sink_rate.flatten() for a in analyses]),
-                          torch.cat([a.optimal_rate.flatten() for a in analyses])).savefig(
-        out / "sinks_convexity.png", dpi=110)
+    save_figure(sink_factors_figure(factors), out / "sinks_factors.png", dpi=110)
+    alignment = sink_alignment_figure(torch.stack([a.cos_sink_rest for a in analyses]).mean((0, 2)),  # [layer]
+                                      torch.stack([a.cos_sink_output for a in analyses]).mean((0, 2)))
+    save_figure(alignment, out / "sinks_alignment.png", dpi=110)
+    convexity = sink_convexity_figure(torch.cat([a.sink_rate.flatten() for a in analyses]),
+                                      torch.cat([a.optimal_rate.flatten() for a in analyses]))
+    save_figure(convexity, out / "sinks_convexity.png", dpi=110)
     cosine = torch.stack([e.cosine for e in effects])  # [text, 2, layer, head]
     low = torch.stack([e.low_norm for e in effects])  # [text, layer, head]
     curves = [{group: torch.where(mask, cosine[:, when], torch.nan).nanmean((0, 2))  # [layer]
                for group, mask in (("low-norm heads", low), ("other heads", ~low))} for when in (0, 1)]
-    sink_norm_effect_figure(*curves).savefig(out / "sinks_norm_effect.png", dpi=110)
+    save_figure(sink_norm_effect_figure(*curves), out / "sinks_norm_effect.png", dpi=110)

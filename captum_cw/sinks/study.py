@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from captum_cw.files import write_json
 from captum_cw.models import readable_tokens
 from captum_cw.sinks.analysis import analyze_sinks, sink_norm_effect
 from captum_cw.sinks.plots import write_plots
@@ -33,8 +33,9 @@ def sink_study(
 ) -> dict[str, Any]:
     r"""
     Runs :func:`~captum_cw.sinks.analyze_sinks` and :func:`~captum_cw.sinks.sink_norm_effect` on every
-    text, writes ``sinks.json`` and five PNG plots under ``out``, and returns the summary. A text of
-    fewer than 2 tokens (no next token to predict) is left out and listed under ``"skipped"``.
+    text, writes ``sinks.json`` (strict JSON: an undefined value is ``null``) and five PNG plots under ``out``,
+    and returns the summary. A text of fewer than 2 tokens (no next token to predict) is left out and listed
+    under ``"skipped"``.
     """
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got {max_tokens}.")
@@ -55,7 +56,7 @@ def sink_study(
     if not analyses:
         raise ValueError(f"none of the {len(texts)} texts has the 2 tokens a sink study needs; give longer texts.")
     summary = {**_summarize(analyses, effects, token_lists, threshold, factor), "skipped": skipped}
-    (out / "sinks.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "sinks.json", summary, indent=2)  # NaN (e.g. no interior rows) as null
     write_plots(analyses, effects, token_lists, out, threshold)
     return summary
 

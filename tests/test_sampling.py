@@ -134,3 +134,23 @@ def test_a_run_stored_before_samples_resumes_as_the_first_rows(tiny_llm_dir, tmp
     extended = EvaluationConfig(**{**config.__dict__, "limit": 2})
     evaluate(extended, tmp_path, resume=True, model=model, tokenizer=tokenizer, progress=False)
     assert [r["id"] for r in read_records(tmp_path)] == ["gsm8k-0", "gsm8k-1"]
+
+
+def test_the_command_line_runs_a_sample_and_prints_the_paired_tests(tiny_llm_dir, tmp_path, capsys):
+    from captum_cw.cli import main
+
+    argv = ["evaluate", "--model", str(tiny_llm_dir), "--task", "gsm8k", "--limit", "3", "--data-dir", str(TEST_DATA),
+            "--bins", "50", "--metrics", "cw_inter", "attention", "--max-tokens", "16", "--out", str(tmp_path),
+            "--sample", "random", "--sample-seed", "2"]
+    assert main(argv) == 0
+    wanted = [e.id for e in load_examples("gsm8k", 3, TEST_DATA, sample="random", seed=2)]
+    assert sorted(r["id"] for r in read_records(tmp_path)) == sorted(wanted)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert (stored["sample"], stored["sample_seed"]) == ("random", 2)
+    printed = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(printed) if line.startswith("cw_inter against each metric"))
+    assert printed[start + 2].split()[:2] == ["attention", "delta_nll"]
+    assert printed[start + 3].split()[:2] == ["attention", "delta_ppl"]
+    with pytest.raises(SystemExit):
+        main([*argv[:-1], "-1"])
+    assert "argument --sample-seed: must be at least 0, got -1" in capsys.readouterr().err

@@ -217,6 +217,9 @@ def task_table(task: str, protocol: str, kept: dict | None, args) -> list[str]:
         lines += [check[0].upper() + check[1:], ""]
     if summary["warnings"]:
         lines += [f"> **Warning:** {warning}" for warning in summary["warnings"]] + [""]
+    if summary.get("choice_check", {}).get("at_chance"):
+        lines += ["> At chance, the rankings below explain the model's guesses, not answers it knows: the AOPCs over "
+                  "all examples say how faithfully each metric explains a guess.", ""]
     header = ["metric", *aopc_header(summary)]
     lines += markdown_table(header, aopc_cells(summary))
     correct = summary.get("correct", {}).get("n_examples", 0)

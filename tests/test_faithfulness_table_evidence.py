@@ -113,3 +113,17 @@ def test_sampled_runs_are_asked_for_with_their_sample(monkeypatch, tmp_path):
                                        "max_tokens": 192, "ig_steps": 50, "soft": False, "save_rankings": False})
     assert "--sample stratified --sample-seed 1" in table.reproduce_line(args)
 
+
+
+def test_a_table_at_chance_says_its_rankings_explain_guesses(tmp_path):
+    records = [{"id": f"boolq-{i}", "label": i % 2, "clean": {"logliks": [-1.0, -2.0], "prediction": 0},
+                "results": {m: {mode: {"50": {"prob_drop": 0.1 * i}} for mode in MODES}
+                            for m in ("attention", "cw_inter")}} for i in range(6)]
+    kept = {"task": "boolq", "settings": None, "summary": summarize(records)}  # always answers "no": at chance
+    lines = table.task_table("boolq", "layer", kept, _args(tmp_path))
+    assert any(line.startswith("> At chance, the rankings below explain the model's guesses") for line in lines)
+    for i in range(6):
+        records[i]["clean"]["prediction"] = records[i]["label"]  # every answer right: above chance
+    kept["summary"] = summarize(records * 6)  # 36 right answers: the accuracy's interval is above chance
+    assert not any(line.startswith("> At chance") for line in table.task_table("boolq", "layer", kept,
+                                                                                 _args(tmp_path)))

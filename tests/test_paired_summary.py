@@ -61,11 +61,22 @@ def test_a_mean_that_hides_a_reversal_is_said():
     assert (row["wins"], row["ties"], row["mean_difference"]) == (1, 0, pytest.approx((9.9 - 4 * 0.1) / 5))
     sentences = paired_reversals(summary)
     assert sentences[0] == ("comprehensiveness (delta_nll): cw_inter's mean AOPC is more faithful than attention's, "
-                            "but cw_inter is more faithful on 20% of the texts (95% interval [4%, 62%]; sign test "
-                            f"p = {stats.binomtest(1, 5).pvalue:.3f}).")
+                            "but cw_inter is more faithful on 20% of the texts (95% interval [4%, 62%]) and less "
+                            f"on 80%; sign test p = {stats.binomtest(1, 5).pvalue:.3f}.")
     assert len(sentences) == 2  # delta_ppl reverses too; sufficiency ties on every text
     assert summary["paired"]["measures"]["delta_nll"]["attention"]["sufficiency"]["ties"] == 5
     assert f"reversal: {sentences[0]}" in summary_lines(summary, "gsm8k")
+
+
+def test_ties_do_not_make_a_reversal():
+    # cw_inter ties on 3 of 5 texts, wins 1 by a lot and loses 1 by a little: its win rate is 20% but nothing reverses
+    cw = np.array([[0.1, 0.1]] * 3 + [[10.0, 10.0], [0.0, 0.0]])
+    attention = np.full((5, 2), 0.1)
+    values = {"attention": {m: attention for m in MODES}, "cw_inter": {"comprehensiveness": cw,
+                                                                       "sufficiency": attention}}
+    summary = summarize(_text_records(values))
+    row = summary["paired"]["measures"]["delta_nll"]["attention"]["comprehensiveness"]
+    assert (row["wins"], row["ties"], row["win_rate"]) == (1, 3, 0.2) and paired_reversals(summary) == []
 
 
 def _choice_record(index, drops, label):

@@ -304,7 +304,7 @@ def paired_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]
 def paired_reversals(summary: Summary) -> list[str]:
     r"""
     Where the mean and the examples disagree, one sentence each: CW's mean AOPC is the more faithful while CW is
-    more faithful on fewer than half of the examples, or the other way round.
+    more faithful on fewer examples than the other metric, or the other way round.
     """
     paired = summary.get("paired")
     if not paired:
@@ -314,14 +314,15 @@ def paired_reversals(summary: Summary) -> list[str]:
     for measure, by_metric in paired["measures"].items():
         for metric, modes in by_metric.items():
             for mode, row in modes.items():
-                better_mean = row["mean_difference"] > 0
-                if row["win_rate"] == 0.5 or better_mean == (row["win_rate"] > 0.5):
+                losses = row["n"] - row["wins"] - row["ties"]
+                if row["mean_difference"] * (row["wins"] - losses) >= 0:  # they agree, or one of them is even
                     continue
                 sentences.append(
-                    f"{mode} ({measure}): {reference}'s mean AOPC is {'more' if better_mean else 'less'} faithful "
-                    f"than {metric}'s, but {reference} is more faithful on {row['win_rate']:.0%} of the {unit} "
-                    f"(95% interval [{row['win_low']:.0%}, {row['win_high']:.0%}]; sign test p = "
-                    f"{_p_value(row['sign_p'])}).")
+                    f"{mode} ({measure}): {reference}'s mean AOPC is "
+                    f"{'more' if row['mean_difference'] > 0 else 'less'} faithful than {metric}'s, but {reference} "
+                    f"is more faithful on {row['win_rate']:.0%} of the {unit} (95% interval [{row['win_low']:.0%}, "
+                    f"{row['win_high']:.0%}]) and less on {losses / row['n']:.0%}; sign test p = "
+                    f"{_p_value(row['sign_p'])}.")
     return sentences
 
 

@@ -20,7 +20,13 @@ file's section setting the paper's order side by side for every model with kept 
 Multiple-choice tables say the clean accuracy against chance, warn where the model is at chance or
 the examples are too few, and repeat the AOPCs over the examples the model answers correctly. Runs
 made with --soft add the soft modes' columns; runs made with --save-rankings add the rank agreement
-of every metric with IG (input level) or CW (layer level).
+of every metric with IG (input level) or CW (layer level). Every table says which rows of the task's file it
+holds, and compares CW with each other metric example by example (win rate with its Wilson interval, sign
+test, Wilcoxon signed-rank test; for text on ΔNLL and ΔPPL), saying where the mean hides a reversal.
+
+``--sample stratified`` (MMLU: round-robin over its 57 subjects; the other tasks: random) or ``--sample random``
+runs seeded samples instead of the first rows, in their own folders (``mmlu_stratified``); ``--tasks mmlu_cloze``
+adds MMLU scored by the log-likelihood of each answer's text.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from captum_cw.arguments import device
@@ -56,7 +57,7 @@ from captum_cw.evaluation.report import (
 )
 from captum_cw.evaluation.runner import read_records
 from captum_cw.plotting import plot_curves
-from captum_cw.tasks import SAMPLES, TASKS as TASK_SPECS, load_examples
+from captum_cw.tasks import SAMPLES, TASKS as TASK_SPECS, load_examples, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {name: task.kind for name, task in TASK_SPECS.items()}  # each task's kind, as captum_cw defines it
@@ -100,15 +101,35 @@ def task_label(task: str, args) -> str:
     return task if sample == "first" else f"{task} {sample}{seed or ''}"
 
 
-def sample_line(task: str, n: int, settings: dict | None) -> str:
-    r"""Which rows of the task's file a table summarises, from its run's settings (older runs: the first rows)."""
+def sample_line(task: str, n: int, settings: dict | None, strata: dict[str, int] | None = None) -> str:
+    r"""Which rows of the task's file a table summarises, from its run's settings (older runs: the first rows), and
+    how they spread over the task's strata (MMLU's subjects) where :func:`strata_counts` could count them."""
     sample, seed = (settings or {}).get("sample", "first"), (settings or {}).get("sample_seed", 0)
     file = TASK_SPECS[task].local_file
     if sample == "first":
-        return f"Rows: the first {n} of {file}, in the file's order."
-    spread = (" round-robin over its subjects, each shuffled" if sample == "stratified" and TASK_SPECS[task].strata
-              else "")
-    return f"Rows: {n} of {file}, a seeded {sample} sample (seed {seed}){',' + spread if spread else ''}."
+        line = f"Rows: the first {n} of {file}, in the file's order"
+    else:
+        stratified = sample == "stratified" and TASK_SPECS[task].strata
+        spread = ", round-robin over its subjects, each shuffled" if stratified else ""
+        line = f"Rows: {n} of {file}, a seeded {sample} sample (seed {seed}){spread}"
+    if not strata:
+        return line + "."
+    field = TASK_SPECS[task].strata
+    if len(strata) == 1:
+        return line + f"; all of one {field}, {next(iter(strata))}."
+    return line + f"; {len(strata)} {field}s, {min(strata.values())} to {max(strata.values())} rows each."
+
+
+def strata_counts(task: str, records: list, args) -> dict[str, int] | None:
+    r"""How many of ``records`` come from each value of the task's strata field (MMLU: subject), read from the rows
+    of the data file their ids index; None for a task without strata or where the file is not there."""
+    field, data_dir = TASK_SPECS[task].strata, getattr(args, "data_dir", None)
+    path = Path(data_dir or "") / TASK_SPECS[task].local_file
+    if field is None or data_dir is None or not path.exists():
+        return None
+    wanted = {int(record["id"].rsplit("-", 1)[1]) for record in records}
+    counts = Counter(str(row[field]) for index, row in enumerate(read_jsonl(path)) if index in wanted)
+    return dict(sorted(counts.items()))
 
 
 def sampled_records(folder: Path, task: str, config: dict | None, limit: int, args) -> list:
@@ -160,6 +181,7 @@ def run_summary(task: str, protocol: str, limit: int, args) -> dict | None:
     unit = "texts" if task in TEXT_TASKS else "examples"
     plot_curves(summary, plot, title=f"{model_name(args.model)} on {label}, {protocol} level ({len(records)} {unit})")
     kept = {"model": args.model, "task": label, "protocol": protocol, "settings": settings,
+            "strata": strata_counts(task, records, args),
             "sessions": (config or {}).get("sessions", []), "summary": summary}
     write_atomically(plot.with_suffix(".json"), json.dumps(kept, indent=1) + "\n")  # read by side_by_side
     return kept
@@ -218,7 +240,7 @@ def task_table(task: str, protocol: str, kept: dict | None, args) -> list[str]:
     lines = [f"### {model_name(args.model)}: {kept['task']} ({summary['n_examples']} "
              f"{'texts' if task in TEXT_TASKS else 'examples'}; clean "
              f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", "",
-             sample_line(task, summary["n_examples"], kept.get("settings")), ""]
+             sample_line(task, summary["n_examples"], kept.get("settings"), kept.get("strata")), ""]
     if check := choice_line(summary):
         lines += [check[0].upper() + check[1:], ""]
     if summary["warnings"]:

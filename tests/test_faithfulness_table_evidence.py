@@ -4,6 +4,7 @@ import argparse
 import importlib.util
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from captum_cw.evaluation.report import summarize
@@ -53,6 +54,22 @@ def test_each_table_says_which_rows_it_holds():
         "shuffled.")
     assert table.sample_line("boolq", 50, {"sample": "random", "sample_seed": 3}) == (
         "Rows: 50 of boolq_validation.jsonl, a seeded random sample (seed 3).")
+
+
+def test_a_table_of_mmlu_says_how_its_rows_spread_over_the_subjects(tmp_path):
+    rows = [json.loads(line) for line in (TEST_DATA / "mmlu_test.jsonl").read_text().splitlines()]
+    args = _args(tmp_path)
+    first = table.strata_counts("mmlu", [{"id": f"mmlu-{i}"} for i in range(4)], args)
+    assert first == {"moral_scenarios": 4} and all(row["subject"] == "moral_scenarios" for row in rows[:4])
+    assert table.sample_line("mmlu", 4, None, first) == (
+        "Rows: the first 4 of mmlu_test.jsonl, in the file's order; all of one subject, moral_scenarios.")
+    ids = [e.id for e in load_examples("mmlu", 12, TEST_DATA, sample="stratified")]
+    spread = table.strata_counts("mmlu_cloze", [{"id": i} for i in ids], args)
+    assert spread == dict(sorted(Counter(rows[int(i.split("-")[1])]["subject"] for i in ids).items()))
+    assert table.sample_line("mmlu", 12, {"sample": "stratified", "sample_seed": 0}, spread).endswith(
+        f"; {len(spread)} subjects, 1 to {max(spread.values())} rows each.")
+    assert table.strata_counts("gsm8k", [{"id": "gsm8k-0"}], args) is None  # no strata
+    assert table.strata_counts("mmlu", [{"id": "mmlu-0"}], _args(tmp_path, data_dir=str(tmp_path))) is None
 
 
 def test_a_sampled_run_is_tabulated_in_its_sample_order(tmp_path):

@@ -97,3 +97,19 @@ def test_choice_summaries_compare_on_all_examples_and_on_those_answered_correctl
     assert "paired" not in summarize([_choice_record(i, {"attention": 0.1, "random": 0.2}, 0) for i in range(3)])
     assert summarize([_choice_record(i, {"cw_last": 0.1 * i, "ig": 0.2}, 0) for i in range(3)])["paired"][
         "reference"] == "cw_last"
+
+
+def test_measures_that_disagree_text_by_text_are_said():
+    # as SmolLM2 on GSM8K: cw_inter's comprehensiveness wins every text by delta NLL and loses 3 of 4 by delta PPL
+    nll = {"attention": [1.0] * 4, "cw_inter": [2.0] * 4}
+    ppl = {"attention": [5.0] * 4, "cw_inter": [1.0, 1.0, 1.0, 9.0]}
+    records = [{"id": f"gsm8k-{i}", "label": None, "clean": {"nll": 2.0},
+                "results": {m: {"comprehensiveness": {"50": {"delta_nll": nll[m][i], "delta_ppl": ppl[m][i]}},
+                                "sufficiency": {"50": {"delta_nll": 1.0, "delta_ppl": 1.0}}}  # ties throughout
+                            for m in nll}} for i in range(4)]
+    sentences = paired_reversals(summarize(records))
+    low, high = wilson_interval(1, 4)
+    assert (f"comprehensiveness: cw_inter is more faithful than attention on 100% of the texts by delta_nll but on "
+            f"25% by delta_ppl (95% intervals [{wilson_interval(4, 4)[0]:.0%}, 100%] and [{low:.0%}, {high:.0%}]).") \
+        in sentences
+    assert not any(sentence.startswith("sufficiency") for sentence in sentences)

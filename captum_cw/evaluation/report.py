@@ -25,7 +25,14 @@ from captum_cw.evaluation.records import (
     text_clean,
 )
 from captum_cw.plotting import plot_curves
-from captum_cw.statistics import Interval, bootstrap_interval, mean_interval, paired_comparison, wilson_interval
+from captum_cw.statistics import (
+    Interval,
+    PairedComparison,
+    bootstrap_interval,
+    mean_interval,
+    paired_comparison,
+    wilson_interval,
+)
 from captum_cw.tasks import TASKS
 
 __all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_matrix",
@@ -301,28 +308,45 @@ def paired_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]
     return rows
 
 
+def _balance(row: PairedComparison) -> int:
+    r"""Wins minus losses of a paired comparison: > 0 where CW is more faithful on more examples."""
+    return 2 * row["wins"] + row["ties"] - row["n"]
+
+
 def paired_reversals(summary: Summary) -> list[str]:
     r"""
-    Where the mean and the examples disagree, one sentence each: CW's mean AOPC is the more faithful while CW is
-    more faithful on fewer examples than the other metric, or the other way round.
+    Where the evidence points two ways, one sentence each: CW's mean AOPC is the more faithful while CW is more
+    faithful on fewer examples than the other metric (or the other way round), and CW is more faithful on most
+    examples by one measure but on fewest by another (ΔNLL against ΔPPL).
     """
     paired = summary.get("paired")
     if not paired:
         return []
     reference, unit = paired["reference"], "texts" if summary["kind"] == "text" else "examples"
+    measures: dict[str, dict[str, dict[str, PairedComparison]]] = paired["measures"]
     sentences = []
-    for measure, by_metric in paired["measures"].items():
+    for measure, by_metric in measures.items():
         for metric, modes in by_metric.items():
             for mode, row in modes.items():
-                losses = row["n"] - row["wins"] - row["ties"]
-                if row["mean_difference"] * (row["wins"] - losses) >= 0:  # they agree, or one of them is even
+                if row["mean_difference"] * _balance(row) >= 0:  # they agree, or one of them is even
                     continue
+                losses = row["n"] - row["wins"] - row["ties"]
                 sentences.append(
                     f"{mode} ({measure}): {reference}'s mean AOPC is "
                     f"{'more' if row['mean_difference'] > 0 else 'less'} faithful than {metric}'s, but {reference} "
                     f"is more faithful on {row['win_rate']:.0%} of the {unit} (95% interval [{row['win_low']:.0%}, "
                     f"{row['win_high']:.0%}]) and less on {losses / row['n']:.0%}; sign test p = "
                     f"{_p_value(row['sign_p'])}.")
+    names = list(measures)
+    for first, second in zip(names, names[1:]):
+        for metric in measures[first]:
+            for mode in MODES:
+                a, b = measures[first][metric][mode], measures[second][metric][mode]
+                if _balance(a) * _balance(b) < 0:
+                    sentences.append(
+                        f"{mode}: {reference} is more faithful than {metric} on {a['win_rate']:.0%} of the {unit} "
+                        f"by {first} but on {b['win_rate']:.0%} by {second} (95% intervals [{a['win_low']:.0%}, "
+                        f"{a['win_high']:.0%}] and [{b['win_low']:.0%}, {b['win_high']:.0%}]).")
     return sentences
 
 

@@ -20,7 +20,13 @@ file's section setting the paper's order side by side for every model with kept 
 Multiple-choice tables say the clean accuracy against chance, warn where the model is at chance or
 the examples are too few, and repeat the AOPCs over the examples the model answers correctly. Runs
 made with --soft add the soft modes' columns; runs made with --save-rankings add the rank agreement
-of every metric with IG (input level) or CW (layer level).
+of every metric with IG (input level) or CW (layer level). Every table says which rows of the task's file it
+holds, and compares CW with each other metric example by example (win rate with its Wilson interval, sign
+test, Wilcoxon signed-rank test; for text on ΔNLL and ΔPPL), saying where the mean hides a reversal.
+
+``--sample stratified`` (MMLU: round-robin over its 57 subjects; the other tasks: random) or ``--sample random``
+runs seeded samples instead of the first rows, in their own folders (``mmlu_stratified``); ``--tasks mmlu_cloze``
+adds MMLU scored by the log-likelihood of each answer's text.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from captum_cw.arguments import device
@@ -43,15 +50,19 @@ from captum_cw.evaluation.report import (
     choice_line,
     ig_completeness_line,
     order_verdict,
+    paired_cells,
+    paired_header,
+    paired_reversals,
     summarize,
 )
 from captum_cw.evaluation.runner import read_records
 from captum_cw.plotting import plot_curves
-from captum_cw.tasks import TASKS as TASK_SPECS
+from captum_cw.tasks import SAMPLES, TASKS as TASK_SPECS, load_examples, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {name: task.kind for name, task in TASK_SPECS.items()}  # each task's kind, as captum_cw defines it
 TEXT_TASKS = [task for task, kind in TASKS.items() if kind == "text"]
+DEFAULT_TASKS = [name for name, task in TASK_SPECS.items() if task.rows_of is None]  # not mmlu_cloze, a variant
 OBSERVATIONS = "## What this shows"  # the results file's text from here on is kept
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"  # kept like OBSERVATIONS; rewritten by --side-by-side
 MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma-3-270m": "Gemma-3-270M"}
@@ -65,13 +76,73 @@ def run(task: str, protocol: str, limit: int, args) -> None:
                "--ig-steps", str(args.ig_steps), "--out", str(out)]
     command += ["--device", args.device] if args.device else []
     command += ["--soft"] * args.soft + ["--save-rankings"] * args.save_rankings
+    sample, seed = sample_of(args)
+    command += ["--sample", sample, "--sample-seed", str(seed)] if sample != "first" else []
     if (out / "config.json").exists():
         command.append("--resume")
     subprocess.run(command, check=True)
 
 
 def run_folder(task: str, protocol: str, args) -> Path:
-    return Path(args.out) / (task if protocol == "layer" else f"{task}_input")
+    name = task_label(task, args).replace(" ", "_")
+    return Path(args.out) / (name if protocol == "layer" else f"{name}_input")
+
+
+def sample_of(args) -> tuple[str, int]:
+    r"""The sample the runs take and its seed (options built without them, by callers of write_results: the first
+    rows)."""
+    return getattr(args, "sample", "first"), getattr(args, "sample_seed", 0)
+
+
+def task_label(task: str, args) -> str:
+    r"""The task as its runs and tables are named: ``mmlu``, or ``mmlu stratified`` (``mmlu stratified1`` for seed 1)
+    for a sample other than the first rows."""
+    sample, seed = sample_of(args)
+    return task if sample == "first" else f"{task} {sample}{seed or ''}"
+
+
+def sample_line(task: str, n: int, settings: dict | None, strata: dict[str, int] | None = None) -> str:
+    r"""Which rows of the task's file a table summarises, from its run's settings (older runs: the first rows), and
+    how they spread over the task's strata (MMLU's subjects) where :func:`strata_counts` could count them."""
+    sample, seed = (settings or {}).get("sample", "first"), (settings or {}).get("sample_seed", 0)
+    file = TASK_SPECS[task].local_file
+    if sample == "first":
+        line = f"Rows: the first {n} of {file}, in the file's order"
+    else:
+        stratified = sample == "stratified" and TASK_SPECS[task].strata
+        spread = ", round-robin over its subjects, each shuffled" if stratified else ""
+        line = f"Rows: {n} of {file}, a seeded {sample} sample (seed {seed}){spread}"
+    if not strata:
+        return line + "."
+    field = TASK_SPECS[task].strata
+    if len(strata) == 1:
+        return line + f"; all of one {field}, {next(iter(strata))}."
+    return line + f"; {len(strata)} {field}s, {min(strata.values())} to {max(strata.values())} rows each."
+
+
+def strata_counts(task: str, records: list, args) -> dict[str, int] | None:
+    r"""How many of ``records`` come from each value of the task's strata field (MMLU: subject), read from the rows
+    of the data file their ids index; None for a task without strata or where the file is not there."""
+    field, data_dir = TASK_SPECS[task].strata, getattr(args, "data_dir", None)
+    path = Path(data_dir or "") / TASK_SPECS[task].local_file
+    if field is None or data_dir is None or not path.exists():
+        return None
+    wanted = {int(record["id"].rsplit("-", 1)[1]) for record in records}
+    counts = Counter(str(row[field]) for index, row in enumerate(read_jsonl(path)) if index in wanted)
+    return dict(sorted(counts.items()))
+
+
+def sampled_records(folder: Path, task: str, config: dict | None, limit: int, args) -> list:
+    r"""The run's first ``limit`` finished examples in the order its sample takes them (records are read in the
+    order of their row ids, which is the sample's order only for the first rows)."""
+    records = read_records(folder)
+    settings = config or {}
+    if settings.get("sample", "first") == "first" or len(records) <= limit:
+        return records[:limit]
+    order = [e.id for e in load_examples(task, None, args.data_dir, sample=settings["sample"],
+                                         seed=settings.get("sample_seed", 0))]
+    by_id = {record["id"]: record for record in records}
+    return [by_id[i] for i in order if i in by_id][:limit]
 
 
 def task_limit(task: str, args) -> int:
@@ -86,11 +157,12 @@ def run_summary(task: str, protocol: str, limit: int, args) -> dict | None:
     None where neither exists.
     """
     folder = run_folder(task, protocol, args)
-    records = read_records(folder)[:limit] if folder.is_dir() else []
     config = run_config(folder)
+    records = sampled_records(folder, task, config, limit, args) if folder.is_dir() else []
     settings = run_settings(config) if config else None
     plot = plot_folder(args) / f"{folder.name}.png"
-    kept = read_kept(plot.with_suffix(".json"), args.model, task, protocol)
+    label = task_label(task, args)
+    kept = read_kept(plot.with_suffix(".json"), args.model, label, protocol)
     same = kept is not None and (None in (kept.get("settings"), settings) or kept["settings"] == settings)
     if same:
         shown = kept["summary"]["n_examples"]
@@ -107,8 +179,9 @@ def run_summary(task: str, protocol: str, limit: int, args) -> dict | None:
     summary = summarize(records, answers=TASK_SPECS[task].answers)
     plot.parent.mkdir(parents=True, exist_ok=True)
     unit = "texts" if task in TEXT_TASKS else "examples"
-    plot_curves(summary, plot, title=f"{model_name(args.model)} on {task}, {protocol} level ({len(records)} {unit})")
-    kept = {"model": args.model, "task": task, "protocol": protocol, "settings": settings,
+    plot_curves(summary, plot, title=f"{model_name(args.model)} on {label}, {protocol} level ({len(records)} {unit})")
+    kept = {"model": args.model, "task": label, "protocol": protocol, "settings": settings,
+            "strata": strata_counts(task, records, args),
             "sessions": (config or {}).get("sessions", []), "summary": summary}
     write_atomically(plot.with_suffix(".json"), json.dumps(kept, indent=1) + "\n")  # read by side_by_side
     return kept
@@ -164,19 +237,31 @@ def task_table(task: str, protocol: str, kept: dict | None, args) -> list[str]:
     plot = plot_folder(args) / f"{run_folder(task, protocol, args).name}.png"
     measure = summary["primary"]
     clean = summary.get("clean_accuracy") or summary.get("clean_nll")
-    lines = [f"### {model_name(args.model)}: {task} ({summary['n_examples']} "
+    lines = [f"### {model_name(args.model)}: {kept['task']} ({summary['n_examples']} "
              f"{'texts' if task in TEXT_TASKS else 'examples'}; clean "
-             f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", ""]
+             f"{'accuracy' if 'clean_accuracy' in summary else 'NLL'} {clean['mean']:.3f})", "",
+             sample_line(task, summary["n_examples"], kept.get("settings"), kept.get("strata")), ""]
     if check := choice_line(summary):
         lines += [check[0].upper() + check[1:], ""]
     if summary["warnings"]:
         lines += [f"> **Warning:** {warning}" for warning in summary["warnings"]] + [""]
+    if summary.get("choice_check", {}).get("at_chance"):
+        lines += ["> At chance, the rankings below explain the model's guesses, not answers it knows: the AOPCs over "
+                  "all examples say how faithfully each metric explains a guess.", ""]
     header = ["metric", *aopc_header(summary)]
     lines += markdown_table(header, aopc_cells(summary))
     correct = summary.get("correct", {}).get("n_examples", 0)
     if correct:
         lines += ["", f"Over the {correct} example{'s' if correct != 1 else ''} the model answers correctly:", ""]
         lines += markdown_table(header, aopc_cells(summary, "correct"))
+    if paired := paired_cells(summary):
+        reference = summary["paired"]["reference"]
+        lines += ["", f"{reference} against each metric, {'text' if task in TEXT_TASKS else 'example'} by "
+                  f"{'text' if task in TEXT_TASKS else 'example'} (wins: the share where {reference}'s AOPC is more "
+                  "faithful, 95% Wilson interval; two-sided exact sign test and Wilcoxon signed-rank test):", ""]
+        lines += markdown_table(paired_header(), paired)
+        if reversals := paired_reversals(summary):
+            lines += [""] + [f"> **Reversal:** {sentence}" for sentence in reversals]
     if reference := agreement_reference(summary):
         lines += ["", f"Rank agreement with {reference} (mean over examples, 95% bootstrap interval):", ""]
         lines += markdown_table(["metric", "Kendall tau", "Spearman rho"], agreement_cells(summary, reference))
@@ -197,7 +282,7 @@ def task_table(task: str, protocol: str, kept: dict | None, args) -> list[str]:
     if computed := provenance_line(kept.get("sessions"), summary["n_examples"] + len(summary.get("skipped", []))):
         lines += ["", computed]
     link = Path(os.path.relpath(plot, Path(args.results).parent)).as_posix()
-    return lines + ["", f"![{task}, {protocol} level]({link})", ""]
+    return lines + ["", f"![{kept['task']}, {protocol} level]({link})", ""]
 
 
 def provenance_line(sessions: list[dict] | None, shown: int) -> str | None:
@@ -247,7 +332,7 @@ def side_by_side(folder: Path) -> list[str]:
         layer[key], source[key] = kept["summary"], path
     models = sorted({model for _, model in layer}, key=lambda m: (m != "smollm2-135m", m))
     rows = []
-    for task in TASKS:
+    for task in DEFAULT_TASKS + sorted({task for task, _ in layer} - set(DEFAULT_TASKS)):  # variants once run
         for model in models:
             if (summary := layer.get((task, model))) is None:
                 rows.append((task, model_name(model), "not run", "", "", ""))
@@ -330,6 +415,8 @@ def reproduce_line(args) -> str:
     command = (f"python benchmarks/faithfulness_table.py {run_options(args)}--choice-limit {args.choice_limit} "
                f"--text-limit {args.text_limit} --input-limit {args.input_limit} --max-tokens {args.max_tokens} "
                f"--ig-steps {args.ig_steps}")
+    sample, seed = sample_of(args)
+    command += f" --sample {sample} --sample-seed {seed}" if sample != "first" else ""
     layer, inputs = stored_flags("layer", args), stored_flags("input", args)
     if layer == inputs or not args.input_limit:
         commands = f"`{command}{layer}`"
@@ -396,7 +483,13 @@ def main() -> None:
     parser.add_argument("--ig-steps", type=int, default=50)
     parser.add_argument("--device", type=device,
                         help="where the runs compute (e.g. cuda, cpu); default: the accelerator if there is one")
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(TASKS),
+                        help=f"default: {' '.join(DEFAULT_TASKS)} (mmlu_cloze: MMLU scored by its answer texts)")
+    parser.add_argument("--sample", default="first", choices=SAMPLES,
+                        help="which rows each run takes: the first (the runs under benchmarks/runs), or a seeded "
+                             "random or stratified sample (MMLU: round-robin over its 57 subjects); sampled runs "
+                             "and tables are named e.g. mmlu_stratified")
+    parser.add_argument("--sample-seed", type=int, default=0)
     parser.add_argument("--protocols", nargs="+", default=["layer", "input"], choices=["layer", "input"],
                         help="which protocols to run (the table shows every finished run)")
     parser.add_argument("--soft", action="store_true", help="runs add soft comprehensiveness and sufficiency")

@@ -11,7 +11,7 @@ from captum_cw.arguments import OneLineParser, device, int_at_least, non_negativ
 from captum_cw.errors import CaptumCWError, InputError
 from captum_cw.files import strict_json
 from captum_cw.models import DTYPES, load_model
-from captum_cw.tasks import SOURCES, TASKS, load_examples
+from captum_cw.tasks import SAMPLES, SOURCES, TASKS, load_examples
 
 __all__ = ["main"]
 
@@ -117,7 +117,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         save_rankings=args.save_rankings,
     )
     config = EvaluationConfig(model=args.model, task=args.task, limit=args.limit, data_dir=args.data_dir,
-                              source=args.source, max_tokens=args.max_tokens, dtype=args.dtype, protocol=protocol)
+                              source=args.source, sample=args.sample, sample_seed=args.sample_seed,
+                              max_tokens=args.max_tokens, dtype=args.dtype, protocol=protocol)
     summary = evaluate(config, args.out, resume=args.resume, device=args.device, device_map=args.device_map)
     if summary is None:  # a process other than the main one (accelerate launch): the main one reports
         return 0
@@ -188,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=int_at_least(1), default=20, help="number of examples")
     evaluate.add_argument("--data-dir", default=None, help="local JSONL files in the hub schema (default: hub)")
     evaluate.add_argument("--source", default=None, choices=SOURCES, help=SOURCE_HELP)
+    evaluate.add_argument("--sample", default="first", choices=SAMPLES,
+                          help="which rows: the first (default), a seeded random sample, or stratified (MMLU: "
+                               "round-robin over its 57 subjects; other tasks: random)")
+    evaluate.add_argument("--sample-seed", type=int_at_least(0), default=0, help="seed of a random or stratified "
+                          "sample")
     evaluate.add_argument("--protocol", default="layer", choices=["layer", "input"])
     evaluate.add_argument("--metrics", nargs="+", default=None, help="default: every metric of the protocol")
     evaluate.add_argument("--bins", type=percent, nargs="+", default=[1, 5, 10, 20, 50], help="percentages")

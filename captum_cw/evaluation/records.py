@@ -88,8 +88,9 @@ class Summary(TypedDict):
     clean_accuracy: NotRequired[Interval]
     clean_nll: NotRequired[Interval]
     choice_check: NotRequired[ChoiceCheck]
-    correct: NotRequired[dict[str, Any]]  # choice: {"n_examples", "aopc", "soft"} over the examples answered right
+    correct: NotRequired[dict[str, Any]]  # choice: {"n_examples", "aopc", "soft", "paired"} over those answered right
     rank_agreement: NotRequired[dict[str, Any]]  # see report.rank_agreement
+    paired: NotRequired[dict[str, Any]]  # CW against each metric, example by example (report.paired_comparisons)
     paper_order: dict[str, Any]
     ig_completeness: NotRequired[dict[str, float]]
     warnings: list[str]

@@ -27,18 +27,30 @@ from captum_cw.evaluation.records import (
 )
 from captum_cw.files import write_atomically, write_json
 from captum_cw.plotting import plot_curves
-from captum_cw.statistics import Interval, bootstrap_interval, mean_interval, wilson_interval
+from captum_cw.statistics import (
+    Interval,
+    PairedComparison,
+    bootstrap_interval,
+    mean_interval,
+    paired_comparison,
+    wilson_interval,
+)
 from captum_cw.tasks import TASKS
 
 __all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_matrix",
            "agreement_reference", "aopc_cells", "aopc_header", "bootstrap_interval", "choice_check", "choice_line",
-           "ig_completeness", "ig_completeness_line", "order_verdict", "paper_order", "summarize", "summary_lines",
-           "summary_warnings", "wilson_interval", "write_report"]
+           "ig_completeness", "ig_completeness_line", "order_verdict", "paired_cells", "paired_comparisons",
+           "paired_header", "paired_reversals", "paper_order", "summarize", "summary_lines", "summary_warnings",
+           "wilson_interval", "write_report"]
 
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
 PRIMARY: dict[Kind, str] = {"choice": "prob_drop", "text": "delta_nll"}
 AT_CHANCE_SHARE = 0.9  # a model that gives one answer this often is at chance, whatever its accuracy
 MIN_EXAMPLES = 30  # fewer examples than this: the bootstrap intervals are unreliable
+# the measures compared example by example, and the metrics the others are compared with (the first present)
+PAIRED_MEASURES: dict[Kind, tuple[str, ...]] = {"choice": ("prob_drop", "logprob_drop"),
+                                                "text": ("delta_nll", "delta_ppl")}
+PAIRED_REFERENCES = ("cw_inter", "cw_last")
 
 
 def _bin_keys(records: list[Record]) -> list[str]:
@@ -68,6 +80,37 @@ def _curves(records: list[Record], seed: int) -> tuple[dict, dict]:
                 aopc.setdefault(metric, {}).setdefault(mode, {})[measure] = mean_interval(
                     [area_over_curve(values) for values in per_example], seed)
     return bins, aopc
+
+
+def paired_comparisons(records: list[Record], kind: Kind) -> dict[str, Any]:
+    r"""
+    CW against every other metric, example by example: per measure of :data:`PAIRED_MEASURES`, metric and mode,
+    the share of examples where CW's AOPC is more faithful (larger comprehensiveness, smaller sufficiency) with
+    its Wilson interval, the exact sign test and the Wilcoxon signed-rank test of the paired AOPCs
+    (:func:`~captum_cw.statistics.paired_comparison`). CW is the first of :data:`PAIRED_REFERENCES` the records
+    rank by (``cw_inter`` at the layer level, ``cw_last`` at the input level).
+
+    Returns:
+        ``{"reference": metric, "measures": {measure: {metric: {mode: PairedComparison}}}}``, or ``{}`` without
+        a reference and another metric.
+    """
+    metrics = list(records[0]["results"])
+    reference = next((m for m in PAIRED_REFERENCES if m in metrics), None)
+    if reference is None or len(metrics) < 2:
+        return {}
+    bin_keys = _bin_keys(records)
+    recorded = records[0]["results"][reference][MODES[0]][bin_keys[0]]
+    measures = [measure for measure in PAIRED_MEASURES[kind] if measure in recorded]
+
+    def aopcs(metric: str, mode: str, measure: str) -> list[float]:  # [example]
+        return [area_over_curve([r["results"][metric][mode][b][measure] for b in bin_keys]) for r in records]
+
+    return {"reference": reference, "measures": {
+        measure: {metric: {mode: paired_comparison(aopcs(reference, mode, measure), aopcs(metric, mode, measure),
+                                                   higher_is_better=mode == "comprehensiveness")
+                           for mode in MODES}
+                  for metric in metrics if metric != reference}
+        for measure in measures}}
 
 
 def _soft(records: list[Record], seed: int) -> dict:
@@ -143,7 +186,8 @@ def summarize(records: list[Record], seed: int = 0, answers: Sequence[str] = ())
 
     Multiple choice adds the clean accuracy against chance (:func:`choice_check`; ``answers`` name the
     choices, e.g. a task's :attr:`~captum_cw.tasks.Task.answers`) and the same AOPCs over the examples the
-    model answers correctly (``"correct"``). Records with ``rankings`` add the
+    model answers correctly (``"correct"``). ``"paired"`` compares CW with every other metric example by
+    example (:func:`paired_comparisons`). Records with ``rankings`` add the
     rank agreement of every pair of metrics. ``"warnings"`` says what makes the numbers unreliable.
     """
     if not records:  # no examples: no kind, primary measure or paper order to state
@@ -165,8 +209,12 @@ def summarize(records: list[Record], seed: int = 0, answers: Sequence[str] = ())
         summary["correct"] = {"n_examples": len(correct), "aopc": _curves(correct, seed)[1] if correct else {}}
         if soft and correct:
             summary["correct"]["soft"] = _soft(correct, seed)
+        if correct and (paired_correct := paired_comparisons(correct, kind)):
+            summary["correct"]["paired"] = paired_correct
     else:
         summary["clean_nll"] = mean_interval([text_clean(r)["nll"] for r in records], seed)
+    if paired := paired_comparisons(records, kind):
+        summary["paired"] = paired
     summary["paper_order"] = paper_order(aopc, PRIMARY[kind])
     completeness = [r["ig_completeness"] for r in records if "ig_completeness" in r]
     if completeness:
@@ -233,6 +281,82 @@ def aopc_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]:
             for metric, modes in part["aopc"].items()]
 
 
+def _p_value(p: float) -> str:
+    return "n/a" if p != p else f"{p:.1e}" if p < 0.001 else f"{p:.3f}"
+
+
+def paired_header() -> list[str]:
+    r"""The column names of :func:`paired_cells` (``wins``: the share of examples where CW is more faithful)."""
+    return ["metric", "measure", *(name for mode in MODES for name in (f"{mode} wins", "sign p", "Wilcoxon p"))]
+
+
+def paired_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]:
+    r"""
+    Per metric other than CW and per paired measure: in each mode, the share of examples where CW is more
+    faithful as ``"win rate [low, high]"``, the sign test's and the Wilcoxon test's two-sided p-values
+    (:func:`paired_comparisons`); no rows where the summary has no comparison.
+
+    Args:
+        summary (Summary): as :func:`summarize` returns it.
+        subset (str, optional): ``"all"`` examples, or ``"correct"``: those the model answers correctly
+                    (multiple choice). Default: ``"all"``
+    """
+    part: Mapping[str, Any] = summary if subset == "all" else summary.get("correct", {})
+    paired = part.get("paired", {}).get("measures", {})
+    rows = []
+    for metric in next(iter(paired.values()), {}):
+        for measure, by_metric in paired.items():
+            cells = []
+            for mode in MODES:
+                row = by_metric[metric][mode]
+                cells += [f"{row['win_rate']:.2f} [{row['win_low']:.2f}, {row['win_high']:.2f}]",
+                          _p_value(row["sign_p"]), _p_value(row["wilcoxon_p"])]
+            rows.append((metric, measure, *cells))
+    return rows
+
+
+def _balance(row: PairedComparison) -> int:
+    r"""Wins minus losses of a paired comparison: > 0 where CW is more faithful on more examples."""
+    return 2 * row["wins"] + row["ties"] - row["n"]
+
+
+def paired_reversals(summary: Summary) -> list[str]:
+    r"""
+    Where the evidence points two ways, one sentence each: CW's mean AOPC is the more faithful while CW is more
+    faithful on fewer examples than the other metric (or the other way round), and CW is more faithful on most
+    examples by one measure but on fewest by another (ΔNLL against ΔPPL).
+    """
+    paired = summary.get("paired")
+    if not paired:
+        return []
+    reference, unit = paired["reference"], "texts" if summary["kind"] == "text" else "examples"
+    measures: dict[str, dict[str, dict[str, PairedComparison]]] = paired["measures"]
+    sentences = []
+    for measure, by_metric in measures.items():
+        for metric, modes in by_metric.items():
+            for mode, row in modes.items():
+                if row["mean_difference"] * _balance(row) >= 0:  # they agree, or one of them is even
+                    continue
+                losses = row["n"] - row["wins"] - row["ties"]
+                sentences.append(
+                    f"{mode} ({measure}): {reference}'s mean AOPC is "
+                    f"{'more' if row['mean_difference'] > 0 else 'less'} faithful than {metric}'s, but {reference} "
+                    f"is more faithful on {row['win_rate']:.0%} of the {unit} (95% interval [{row['win_low']:.0%}, "
+                    f"{row['win_high']:.0%}]) and less on {losses / row['n']:.0%}; sign test p = "
+                    f"{_p_value(row['sign_p'])}.")
+    names = list(measures)
+    for first, second in zip(names, names[1:]):
+        for metric in measures[first]:
+            for mode in MODES:
+                a, b = measures[first][metric][mode], measures[second][metric][mode]
+                if _balance(a) * _balance(b) < 0:
+                    sentences.append(
+                        f"{mode}: {reference} is more faithful than {metric} on {a['win_rate']:.0%} of the {unit} "
+                        f"by {first} but on {b['win_rate']:.0%} by {second} (95% intervals [{a['win_low']:.0%}, "
+                        f"{a['win_high']:.0%}] and [{b['win_low']:.0%}, {b['win_high']:.0%}]).")
+    return sentences
+
+
 def _pair(table: dict, a: str, b: str) -> Interval | None:
     r"""The agreement of ``a`` and ``b`` in a table that stores each pair once, under either metric."""
     return table.get(a, {}).get(b) or table.get(b, {}).get(a)
@@ -297,7 +421,8 @@ def agreement_reference(summary: Summary) -> str | None:
 
 def summary_lines(summary: Summary, task: str) -> list[str]:
     r"""The summary as the command line prints it: warnings, clean accuracy against chance, AOPC tables
-    (all examples, then those answered correctly), rank agreement and IG's completeness."""
+    (all examples, then those answered correctly), CW against each metric example by example (and where that
+    reverses the means), rank agreement and IG's completeness."""
     measure = summary["primary"]
     header = ["metric", *aopc_header(summary)]
     widths = [20] + [max(26, len(name)) for name in header[1:]]
@@ -315,6 +440,15 @@ def summary_lines(summary: Summary, task: str) -> list[str]:
         k = correct["n_examples"]
         lines += ["", f"The {k} example{'s' if k != 1 else ''} the model answers correctly:"]
         lines += table(aopc_cells(summary, "correct"))
+    if paired := paired_cells(summary):
+        reference = summary["paired"]["reference"]
+        rows = [tuple(paired_header()), *paired]
+        widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+        lines += ["", f"{reference} against each metric, example by example (wins: the share of examples where "
+                  f"{reference}'s AOPC is more faithful, 95% Wilson interval; two-sided sign and Wilcoxon "
+                  "signed-rank tests):"]
+        lines += ["  ".join(f"{cell:>{width}}" for cell, width in zip(row, widths)) for row in rows]
+        lines += [f"reversal: {sentence}" for sentence in paired_reversals(summary)]
     if reference := agreement_reference(summary):
         lines += ["", f"Rank agreement with {reference} (mean over examples, 95% bootstrap interval):",
                   f"{'metric':>20}  {'Kendall tau':>26}  {'Spearman rho':>26}"]

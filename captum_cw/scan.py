@@ -304,6 +304,7 @@ def scan_geometry(
     on_chunk: Callable[[int, Tensor, HeadGeometry], None],
     chunk_size: int | None = None,
     verify: bool = True,
+    grad: bool = False,
 ) -> Any:
     r"""
     Runs ``model`` once and calls ``on_chunk(k, rows, geometry)`` for each selected
@@ -315,6 +316,9 @@ def scan_geometry(
     a few rows of each layer's first chunk go through the self-check
     (:mod:`captum_cw.self_check`), which raises after the forward pass if the
     recomputation does not reproduce the model.
+
+    With ``grad`` the pass records the autograd graph (the geometry stays detached), so that the caller can
+    differentiate the output it returns (:mod:`captum_cw.target_contributions`).
 
     Returns:
         The model's own output.
@@ -350,7 +354,8 @@ def scan_geometry(
                 checks.append(check_layer(layers[k], call, rows, alpha, values, projections, padding, hooks))
             on_chunk(k, rows, HeadGeometry(alpha, values, projections, mixed))
 
-    with torch.no_grad(), projection_hooks() as hooks, capture_attention(model, [x.attention for x in layers], on_call):
+    modules = [layer.attention for layer in layers]
+    with torch.set_grad_enabled(grad), projection_hooks() as hooks, capture_attention(model, modules, on_call):
         output = model(model_inputs.main, *positional_args, **model_inputs.keyword)
     raise_on_mismatch(checks)
     return output

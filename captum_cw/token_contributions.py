@@ -12,12 +12,22 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_cw.attribution import _untuple, attributor_for
+from captum_cw.errors import InputError, refuse_captum_arguments, refuse_noisy_token_ids, require_model
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
+from captum_cw.metrics import get_metric
 from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs
+from captum_cw.target_contributions import TARGET_ROWS, target_scores
 
-__all__ = ["TokenContributions"]
+__all__ = ["EXCLUSIONS", "SINK_THRESHOLD", "TokenContributions"]
 
 Position = int | Sequence[int] | Tensor | None
+Exclusion = str | Sequence[int] | Tensor | None
+
+EXCLUSIONS = ("first", "special", "sinks")
+r"""Named exclusions: ``"first"`` (each example's first real token), ``"special"`` (tokens whose id is the
+model's BOS, EOS or padding id), ``"sinks"`` (the special tokens and every token that takes more than
+:data:`SINK_THRESHOLD` of the explained position's attention, mean over heads and the selected layers)."""
+SINK_THRESHOLD = 0.3  # as captum_cw.sinks detects sinks (Gu et al., 2024)
 
 
 def _is_causal(attributor: Any) -> bool:
@@ -67,8 +77,12 @@ class TokenContributions(Attribution):
     averaged otherwise); ``layer_aggregation`` turns the layers into one score per
     token: ``"last"`` (the deepest selected layer), ``"mean"`` (their mean) or
     ``"rollout"`` (:func:`captum_cw.layer_aggregation.rollout`, selected layers
-    composed in forward order). Contribution weights do not depend on a class, so
-    there is no ``target``: what is explained is the output at ``position``.
+    composed in forward order). Without a ``target`` the scores explain the
+    attention outputs at ``position`` (the same for every class); with one, each
+    token's first-order part of the target's log-probability through each layer's
+    attention output (:mod:`captum_cw.target_contributions`): ``alpha <vt, g>``
+    with ``g`` the target's gradient at the layer's attention output, instead of
+    ``alpha <vt, o> / ||o||^2``.
 
     Args:
         model (nn.Module): a transformers model of a supported architecture.
@@ -86,12 +100,23 @@ class TokenContributions(Attribution):
                     :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run the self-check (see :class:`ContributionWeights`).
                     Default: True
+        target_rows (str, optional): with a target, ``"explained"`` (the
+                    explained position's row of each layer) or ``"all"`` (every row
+                    that reads the token: the first-order effect of knocking it out).
+                    Default: ``"explained"``
+        exclude (str, Sequence[int] or Tensor, optional): tokens whose score is set
+                    to 0, so that a ranking leaves them out: ``"first"``,
+                    ``"special"`` or ``"sinks"`` (:data:`EXCLUSIONS`), positions
+                    shared by the batch, or a bool ``(batch, n)`` mask. Default: None
 
     Examples::
 
         >>> explainer = TokenContributions(model)  # a causal LM: explains each last real token
         >>> batch = tokenizer(["Paris is in", "The capital of Italy is"], return_tensors="pt", padding=True)
         >>> explainer.attribute(batch).shape  # like batch["input_ids"]; padding is exactly 0
+        torch.Size([2, 5])
+        >>> paris = tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
+        >>> explainer.attribute(batch, target=paris).shape  # each token's part of log p(" Paris")
         torch.Size([2, 5])
     """
 
@@ -105,16 +130,26 @@ class TokenContributions(Attribution):
         position: Position = None,
         chunk_size: int | None = None,
         verify: bool = True,
+        target_rows: str = "explained",
+        exclude: Exclusion = None,
+        **captum_arguments: Any,
     ) -> None:
+        require_model(model, "TokenContributions")
+        refuse_captum_arguments("TokenContributions", captum_arguments)
         if layer_aggregation not in LAYER_AGGREGATIONS:
-            raise ValueError(f"layer_aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, "
+            raise InputError(f"layer_aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, "
                              f"got {layer_aggregation!r}.")
+        if target_rows not in TARGET_ROWS:
+            raise InputError(f"target_rows must be one of {', '.join(TARGET_ROWS)}, got {target_rows!r}.")
+        _check_exclusion(exclude)
         super().__init__(model)
         self.model = model
         self.attributor = attributor_for(metric, model, layers, heads, chunk_size, verify)
         self.metric = metric
         self.layer_aggregation = layer_aggregation
         self.position = position
+        self.target_rows = target_rows
+        self.exclude = exclude
 
     def has_convergence_delta(self) -> bool:
         return False  # layers are aggregated; the per-layer identities are ContributionWeights' delta
@@ -127,6 +162,8 @@ class TokenContributions(Attribution):
         attention_mask: Tensor | None = None,
         additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
         position: Position = None,
+        exclude: Exclusion = None,
+        **captum_arguments: Any,
     ) -> Tensor | tuple[Tensor]:
         r"""
         Args:
@@ -134,9 +171,16 @@ class TokenContributions(Attribution):
                         tokenizer's BatchEncoding), or pixel values
                         ``(batch, channels, height, width)`` of a vision model. A
                         one-tensor tuple gives a one-tensor tuple back.
-            target: must be None. Contribution weights decompose the attention output
-                        at ``position`` and do not depend on a class; to explain a
-                        class logit end to end, use captum's IntegratedGradients.
+            target (int, Sequence[int] or Tensor, optional): the token (a language
+                        model's vocabulary id, read at ``position``) or class (a
+                        classifier's) to explain, one for the batch or one per example.
+                        Each token then gets its first-order part of the target's
+                        log-probability through the selected layers' attention outputs
+                        (one forward and one backward pass), aggregated over layers by
+                        ``layer_aggregation`` (``"mean"``: their mean, ``"last"``: the
+                        deepest; ``"rollout"`` does not apply). None: the scores of
+                        ``metric``, which explain the attention output and are the same
+                        for every class. Default: None
             attention_mask (Tensor, optional): ``(batch, n)``, 1 for real tokens, 0 for
                         padding (left or right). Default: None (from ``inputs``)
             additional_forward_args (dict or tuple, optional): extra model arguments.
@@ -146,57 +190,102 @@ class TokenContributions(Attribution):
                         as a sequence or ``(batch,)`` tensor. Default: the constructor's,
                         else the last real token of each example for causal models and
                         the first token (e.g. [CLS]) for encoders and vision models.
+            exclude (str, Sequence[int] or Tensor, optional): as in the constructor;
+                        overrides it. Default: the constructor's
 
         Returns:
             *Tensor* float32 ``(batch, n)``, like the token ids: padded tokens are
             exactly 0 and every row equals the row of the example run unpadded. For
             pixel inputs, ``(batch, channels, height, width)``: each pixel gets the
             score of its patch (the class token has no pixels, so its own score is
-            not in the map). A tuple if ``inputs`` was one.
+            not in the map). Excluded tokens are exactly 0. A tuple if ``inputs`` was one.
         """
-        if target is not None:
-            raise ValueError(
-                "TokenContributions has no target: contribution weights explain the attention output at a position "
-                "and are the same for every class. Pass position= (the token whose output to explain, e.g. 0 for "
-                "[CLS]); for a class logit end to end, use captum.attr.IntegratedGradients."
-            )
+        refuse_captum_arguments("TokenContributions.attribute", captum_arguments,
+                                ("inputs", "target", "attention_mask", "additional_forward_args", "position",
+                                 "exclude"))
         is_tuple, main = _untuple(inputs)
+        refuse_noisy_token_ids(self.model, main, "TokenContributions.attribute")
         position = self.position if position is None else position
+        exclude = self.exclude if exclude is None else exclude
+        _check_exclusion(exclude)
+        if target is not None and self.layer_aggregation == "rollout":
+            raise InputError("layer_aggregation='rollout' composes attention-like scores through the layers; a "
+                             "target's first-order parts add up over layers instead: use 'mean' or 'last'.")
         model_inputs, positional = prepare_inputs(self.model, main, attention_mask, additional_forward_args,
                                                   self.attributor._input_device)
         check_inputs(self.model, model_inputs, positional)
         score = self._token_scores if model_inputs.is_text else self._pixel_scores
-        scores = score(main, model_inputs, additional_forward_args, position)
+        scores = score(main, model_inputs, positional, additional_forward_args, position, target, exclude)
         return (scores,) if is_tuple else scores
 
-    def _layer_scores(self, inputs, attention_mask, additional_forward_args, rows) -> Tensor:
-        r"""Token-level scores of the selected layers in forward order: ``(batch, layers, n_rows, n)``."""
-        scores, _, _ = self.attributor._rows_with_output(inputs, attention_mask, additional_forward_args, rows, False,
-                                                         padded_rows=True)  # each example picks its own rows
-        return in_forward_order(scores, self.attributor.layers)
+    def _layer_scores(self, inputs, attention_mask, additional_forward_args, rows, with_attention: bool
+                      ) -> tuple[Tensor, Tensor | None]:
+        r"""Token-level scores of the selected layers in forward order, ``(batch, layers, n_rows, n)``, and with
+        ``with_attention`` the attention of the same rows (mean over heads, same shape) from the same pass."""
+        if not with_attention:
+            scores, _, _ = self.attributor._rows_with_output(inputs, attention_mask, additional_forward_args, rows,
+                                                             False, padded_rows=True)  # each example its own rows
+            return in_forward_order(scores, self.attributor.layers), None
+        model_inputs, positional = self.attributor._prepare(inputs, attention_mask, additional_forward_args, rows,
+                                                            True)
+        metrics = list(dict.fromkeys([self.attributor.metric, get_metric("attention")]))
+        found, _, _ = self.attributor._scan_metrics(model_inputs, positional, rows, False, metrics)
+        layers = self.attributor.layers
+        return (in_forward_order(found[self.attributor.metric.name], layers),
+                in_forward_order(found["attention"], layers))
 
     def _aggregate(self, scores: Tensor, rows: Tensor) -> Tensor:
         r"""One score per key for row ``rows[b]`` of each example: ``(batch, n)``."""
         return aggregate_layers(scores, rows[:, None], self.layer_aggregation)[:, 0]
 
-    def _token_scores(self, inputs, model_inputs: ModelInputs, additional_forward_args, position: Position) -> Tensor:
+    def _target_scores(self, model_inputs: ModelInputs, positional: tuple[Any, ...], positions: Tensor,
+                       target: Any) -> tuple[Tensor, Tensor]:
+        r"""Each token's first-order part of the target, layers aggregated, ``(batch, n)``, and the explained
+        row's attention per layer (mean over heads) ``(batch, layers, n)``, for the sinks."""
+        batch = len(positions)
+        targets = _example_targets(target, batch)
+        attributor = self.attributor
+        layers = [attributor.attention_layers[index] for index in attributor.layers]
+        heads = None if attributor.heads == list(range(attributor.n_heads)) else attributor.heads
+        found = target_scores(self.model, layers, heads, model_inputs, positional, positions, targets,
+                              self.target_rows, attributor.verify)
+        per_layer = in_forward_order(found.scores, attributor.layers)  # [batch, layer, n]
+        scores = per_layer[:, -1] if self.layer_aggregation == "last" else per_layer.mean(1)
+        return scores, in_forward_order(found.attention, attributor.layers)
+
+    def _token_scores(self, inputs, model_inputs: ModelInputs, positional: tuple[Any, ...], additional_forward_args,
+                      position: Position, target: Any, exclude: Exclusion) -> Tensor:
         batch, n = model_inputs.main.shape
         padding = model_inputs.padding_mask
         positions = _example_positions(position, padding, batch, n, _is_causal(self.attributor))
         mask = model_inputs.keyword.get("attention_mask")
-        if self.layer_aggregation == "rollout":  # every row of every layer
-            scores = self._layer_scores(inputs, mask, additional_forward_args, None)
+        attention = None  # [batch, layer, n] the explained rows' attention, for exclude="sinks"
+        if target is not None:
+            result, attention = self._target_scores(model_inputs, positional, positions.to(model_inputs.main.device),
+                                                    target)
+        elif self.layer_aggregation == "rollout":  # every row of every layer
+            scores, attended = self._layer_scores(inputs, mask, additional_forward_args, None, exclude == "sinks")
             result = self._aggregate(scores, positions.to(scores.device))
+            if attended is not None:
+                index = positions.to(scores.device)[:, None, None, None].expand(-1, attended.shape[1], 1, n)
+                attention = attended.gather(2, index)[:, :, 0]
         else:  # only the rows asked for, once each
             rows, slot = positions.unique(return_inverse=True)
-            scores = self._layer_scores(inputs, mask, additional_forward_args, rows)
+            scores, attended = self._layer_scores(inputs, mask, additional_forward_args, rows, exclude == "sinks")
             result = self._aggregate(scores, slot.to(scores.device))
+            if attended is not None:
+                attention = attended[torch.arange(batch, device=attended.device), :, slot.to(attended.device)]
+        excluded = _excluded(exclude, model_inputs.main, padding, attention, self.model)
         if padding is not None:
-            result = torch.where(padding.to(result.device), result, 0.0)
-        return result
+            excluded = excluded | ~padding.to(excluded.device)
+        return torch.where(excluded.to(result.device), 0.0, result)
 
-    def _pixel_scores(self, inputs, model_inputs: ModelInputs, additional_forward_args, position: Position) -> Tensor:
+    def _pixel_scores(self, inputs, model_inputs: ModelInputs, positional: tuple[Any, ...], additional_forward_args,
+                      position: Position, target: Any, exclude: Exclusion) -> Tensor:
         batch, _, height, width = model_inputs.main.shape
+        if exclude is not None:
+            raise InputError("exclude applies to tokens of a text; pixel inputs have patches, whose scores are all "
+                             "shown: leave exclude out.")
         patch = getattr(self.model.config, "patch_size", None)
         if not isinstance(patch, int):
             raise ValueError(f"{type(self.model).__name__} has no integer config.patch_size, so patch scores cannot "
@@ -206,8 +295,12 @@ class TokenContributions(Attribution):
             raise ValueError("for pixel inputs, position must be one int shared by the batch (default 0, the class "
                              "token).")
         row = 0 if position is None else position
-        scores = self._layer_scores(inputs, None, additional_forward_args, [row])
-        tokens = self._aggregate(scores, torch.zeros(batch, dtype=torch.long, device=scores.device))  # [batch, n]
+        if target is not None:
+            rows = torch.full((batch,), row, dtype=torch.long, device=model_inputs.main.device)
+            tokens, _ = self._target_scores(model_inputs, positional, rows, target)  # [batch, n]
+        else:
+            scores, _ = self._layer_scores(inputs, None, additional_forward_args, [row], False)
+            tokens = self._aggregate(scores, torch.zeros(batch, dtype=torch.long, device=scores.device))  # [batch, n]
         if tokens.shape[1] != 1 + grid[0] * grid[1]:
             raise ValueError(f"{tokens.shape[1]} tokens do not make one class token and a {grid[0]}x{grid[1]} patch "
                              "grid; this vision model's token layout is not supported by TokenContributions.")
@@ -215,3 +308,70 @@ class TokenContributions(Attribution):
         pixels = patches.repeat_interleave(patch, 2).repeat_interleave(patch, 3)
         pixels = F.pad(pixels, (0, width - pixels.shape[3], 0, height - pixels.shape[2]))  # uncovered edges: 0
         return pixels.expand_as(model_inputs.main).contiguous()
+
+
+def _example_targets(target: Any, batch: int) -> Tensor:
+    r"""One target per example, ``(batch,)`` long, from an int or one int per example."""
+    given = torch.as_tensor(target)
+    if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
+        raise InputError(f"target must be a token id or class index (int), or one per example, got {given.dtype} "
+                         f"{target!r}.")
+    if given.dim() == 0:
+        given = given.expand(batch)
+    if given.shape != (batch,):
+        raise InputError(f"target has shape {tuple(given.shape)}; pass an int or one target per example ({batch},).")
+    return given.long()
+
+
+def _check_exclusion(exclude: Exclusion) -> None:
+    if isinstance(exclude, str) and exclude not in EXCLUSIONS:
+        raise InputError(f"exclude must be one of {', '.join(EXCLUSIONS)}, positions, or a bool (batch, n) mask; "
+                         f"got {exclude!r}.")
+
+
+def _special_ids(model: nn.Module) -> list[int]:
+    r"""The model's BOS, EOS and padding ids, from its configuration (and generation configuration)."""
+    ids: set[int] = set()
+    for config in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(config, name, None)
+            ids.update(value if isinstance(value, (list, tuple)) else [] if value is None else [value])
+    return sorted(i for i in ids if isinstance(i, int))
+
+
+def _excluded(exclude: Exclusion, ids: Tensor, padding: Tensor | None, attention: Tensor | None,
+              model: nn.Module) -> Tensor:
+    r"""
+    The tokens to exclude, bool ``(batch, n)``.
+
+    Args:
+        exclude: as :meth:`TokenContributions.attribute` takes it.
+        ids (Tensor): ``(batch, n)`` token ids.
+        padding (Tensor, optional): ``(batch, n)`` bool, True for real tokens.
+        attention (Tensor, optional): ``(batch, layers, n)`` the explained row's attention (for ``"sinks"``).
+        model (nn.Module): the model, for its special ids.
+    """
+    batch, n = ids.shape
+    real = torch.ones(batch, n, dtype=torch.bool, device=ids.device) if padding is None else padding.to(ids.device)
+    if exclude is None:
+        return torch.zeros(batch, n, dtype=torch.bool, device=ids.device)
+    if exclude == "first":
+        return torch.zeros_like(real).scatter_(1, real.int().argmax(-1, keepdim=True), True)
+    if exclude in ("special", "sinks"):
+        special = torch.isin(ids, torch.tensor(_special_ids(model), dtype=ids.dtype, device=ids.device)) & real
+        if exclude == "special" or attention is None:
+            return special
+        return special | (attention.mean(1).to(ids.device) > SINK_THRESHOLD)
+    given = torch.as_tensor(exclude, device=ids.device)
+    if given.dtype == torch.bool:
+        if given.shape != (batch, n):
+            raise InputError(f"exclude mask has shape {tuple(given.shape)}; pass a bool ({batch}, {n}) mask like the "
+                             "ids, or positions.")
+        return given
+    if given.is_floating_point() or given.dim() != 1:
+        raise InputError(f"exclude positions must be a list of ints, got {exclude!r}.")
+    if bool(((given >= n) | (given < -n)).any()):
+        raise InputError(f"exclude positions {given.tolist()} out of range for {n} tokens.")
+    mask = torch.zeros(batch, n, dtype=torch.bool, device=ids.device)
+    mask[:, given % n] = True
+    return mask

@@ -1,0 +1,187 @@
+"""Target-aware contributions: each token's first-order part of a target's log-probability, read through the
+attention outputs (docs/DESIGN.md section 1, "Target-aware contributions").
+
+Contribution weights project each token's weighted, projected value ``alpha_ij vt_j`` on the attention output
+``o_i``; they explain the attention output, whatever the model then makes of it. Projecting the same vectors on
+the gradient of a target instead, ``g_i = d log p(target) / d a_i`` with ``a_i`` the layer's attention output at
+row ``i``, gives each token's first-order part of the target::
+
+    s_l[j] = sum_h alpha[h, i, j] <vt[h, j], g_l[i]>          (rows="explained": the explained row i)
+    s_l[j] = sum_k sum_h alpha[h, k, j] <vt[h, j], g_l[k]>    (rows="all": every row k that reads token j)
+
+Removing token ``j``'s term from row ``i`` of layer ``l`` (the evaluator's value masking) changes the target's
+log-probability by ``-s_l[j]`` to first order; with ``rows="all"`` the sum over every row is the first-order
+effect of knocking token ``j`` out of the layer (the input-level knockout). Over the keys, ``s_l`` sums to
+``<o_l[i], g_l[i]>`` (resp. its sum over the rows), the gradient times the layer's attention output: the
+completeness identity :func:`target_scores` reports. One forward pass with the autograd graph and one backward
+pass: about three forward passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from captum_cw.architectures import AttentionLayer
+from captum_cw.capture import AttentionCall, capture_attention
+from captum_cw.errors import InputError, UnsupportedSetupError
+from captum_cw.geometry import HeadGeometry
+from captum_cw.scan import ModelInputs, scan_geometry
+
+__all__ = ["TARGET_ROWS", "TargetScores", "target_scores"]
+
+TARGET_ROWS = ("explained", "all")
+
+
+@dataclass
+class TargetScores:
+    r"""
+    What :func:`target_scores` computed for a batch.
+
+    Attributes:
+        scores (Tensor): ``(batch, n_layers, n)`` float32, each layer's first-order part of the target per token,
+                    layers in the order given.
+        totals (Tensor): ``(batch, n_layers)`` what each layer's scores sum to by the identity, computed from the
+                    layer's own attention output (its output projection's output less its bias) and the gradient,
+                    not from the scores.
+        objective (Tensor): ``(batch,)`` the target's log-probability.
+        attention (Tensor): ``(batch, n_layers, n)`` the explained row's attention weights, mean over heads.
+        output (Any): the model's output.
+    """
+
+    scores: Tensor
+    totals: Tensor
+    objective: Tensor
+    attention: Tensor
+    output: Any
+
+
+def _target_objective(logits: Tensor, positions: Tensor, targets: Tensor) -> Tensor:
+    r"""
+    The target's log-probability per example: ``(batch,)``.
+
+    Args:
+        logits (Tensor): ``(batch, n, vocab)`` of a language model (read at ``positions``) or ``(batch, classes)``
+                    of a classifier.
+        positions (Tensor): ``(batch,)`` long, the explained position of each example.
+        targets (Tensor): ``(batch,)`` long, the token or class of each example.
+    """
+    rows = logits[torch.arange(len(positions), device=logits.device), positions] if logits.dim() == 3 else logits
+    if not bool(((targets >= 0) & (targets < rows.shape[-1])).all()):
+        raise InputError(f"target {targets.tolist()} out of range: the model's output has {rows.shape[-1]} "
+                         "entries per position (token ids of its vocabulary, or classes).")
+    return rows.float().log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def _requiring_grad(model: nn.Module, model_inputs: ModelInputs) -> Any:
+    r"""A hook that makes the input embeddings require grad (a frozen model has no graph otherwise), or None for
+    pixel inputs, which then require grad themselves."""
+    if not model_inputs.is_text:
+        model_inputs.main = model_inputs.main.detach().requires_grad_()
+        return None
+    embeddings = model.get_input_embeddings()
+
+    def require_grad(module: nn.Module, args: Any, output: Tensor) -> Tensor:
+        return output if output.requires_grad else output.detach().requires_grad_()
+
+    return embeddings.register_forward_hook(require_grad)
+
+
+def target_scores(
+    model: nn.Module,
+    layers: Sequence[AttentionLayer],
+    heads: Sequence[int] | None,
+    model_inputs: ModelInputs,
+    positional: tuple[Any, ...],
+    positions: Tensor,
+    targets: Tensor,
+    rows: str = "explained",
+    verify: bool = True,
+) -> TargetScores:
+    r"""
+    Each token's first-order part of the target's log-probability through each selected layer's attention
+    output, from one forward pass with the autograd graph and one backward pass.
+
+    Args:
+        model (nn.Module): the model (its parameters need not require grad).
+        layers (Sequence[AttentionLayer]): the layers to score.
+        heads (Sequence[int], optional): the heads summed (``rows="explained"`` only); None for all.
+        model_inputs (ModelInputs), positional (tuple): the prepared model call.
+        positions (Tensor): ``(batch,)`` long, each example's explained position (where the target is read).
+        targets (Tensor): ``(batch,)`` long, each example's target token or class.
+        rows (str, optional): ``"explained"`` (the explained row) or ``"all"`` (every row). Default: ``"explained"``
+        verify (bool, optional): run the self-check. Default: True
+    Returns:
+        :class:`TargetScores`.
+    """
+    if rows not in TARGET_ROWS:
+        raise InputError(f"rows must be one of {', '.join(TARGET_ROWS)}, got {rows!r}.")
+    if rows == "all" and heads is not None:
+        raise UnsupportedSetupError("rows='all' reads the gradient of the value vectors, which grouped heads share; "
+                                    "it sums every head: pass heads=None, or rows='explained' for a head subset.")
+    device = model_inputs.main.device
+    positions, targets = positions.to(device), targets.to(device)
+    wanted = positions.unique()  # the explained rows of the batch, sorted
+    slot = torch.searchsorted(wanted, positions)  # [batch] each example's row among them
+    explained: dict[int, HeadGeometry] = {}
+    projected: dict[int, Tensor] = {}  # layer -> its output projection's output [batch, n, d_model]
+    values: dict[int, Tensor] = {}  # layer -> the value vectors the kernel read [batch, kv_head, n, d_head]
+
+    def keep_geometry(k: int, chunk_rows: Tensor, geometry: HeadGeometry) -> None:
+        explained[k] = geometry  # one chunk: the explained rows are few
+
+    def keep_values(call: AttentionCall) -> None:
+        values[index_of[id(call.module)]] = call.value
+
+    index_of = {id(layer.attention): k for k, layer in enumerate(layers)}
+    hooks = [layer.output_projection.register_forward_hook(
+        lambda module, args, output, k=k: projected.__setitem__(k, output)) for k, layer in enumerate(layers)]
+    embedding_hook = _requiring_grad(model, model_inputs)
+    try:
+        with capture_attention(model, [layer.attention for layer in layers], keep_values):
+            output = scan_geometry(model, layers, model_inputs, positional, wanted, keep_geometry,
+                                   chunk_size=len(wanted), verify=verify, grad=True)
+        with torch.enable_grad():
+            objective = _target_objective(output.logits, positions, targets)
+        differentiated = [projected[k] for k in range(len(layers))]
+        if rows == "all":
+            differentiated += [values[k] for k in range(len(layers))]
+        gradients = torch.autograd.grad(objective.sum(), differentiated, allow_unused=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        if embedding_hook is not None:
+            embedding_hook.remove()
+    batch = torch.arange(len(positions), device=device)
+    per_layer, totals, attention = [], [], []
+    for k, layer in enumerate(layers):
+        alpha = explained[k].alpha[batch, :, slot][:, :, None, :]  # [batch, head, 1, key]
+        attention.append(alpha.mean(1)[:, 0].float())
+        gradient = _zero_if_unused(gradients[k], projected[k]).float()  # [batch, n, d_model]
+        attention_output = projected[k].detach().float()
+        bias = getattr(layer.output_projection, "bias", None)
+        if bias is not None:
+            attention_output = attention_output - bias.detach().float()
+        if rows == "explained":
+            direction = gradient[batch, positions][:, None, None, :]  # [batch, 1, 1, d_model]
+            single = HeadGeometry(alpha, explained[k].values, explained[k].head_projections)
+            head_scores = single.projected_on(direction.to(alpha.dtype))  # [batch, head, 1, key]
+            if heads is not None:
+                head_scores = head_scores[:, list(heads)]
+            per_layer.append(head_scores.sum((1, 2)).float())  # [batch, key]
+            totals.append((attention_output[batch, positions] * gradient[batch, positions]).sum(-1))
+        else:
+            value_gradient = _zero_if_unused(gradients[len(layers) + k], values[k]).float()
+            per_layer.append((values[k].detach().float() * value_gradient).sum((1, 3)))  # [batch, key]
+            totals.append((attention_output * gradient).sum((1, 2)))
+    return TargetScores(torch.stack(per_layer, 1), torch.stack(totals, 1), objective.detach(),
+                        torch.stack(attention, 1), output)
+
+
+def _zero_if_unused(gradient: Tensor | None, like: Tensor) -> Tensor:
+    r"""The gradient, or zeros where the tensor did not reach the target (e.g. a layer after the last read)."""
+    return torch.zeros_like(like) if gradient is None else gradient

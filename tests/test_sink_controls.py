@@ -114,3 +114,15 @@ def test_renormalized_removal_is_a_softmax_without_the_sink(llama64):
     # on one layer only, and on some heads: the softmax without the sink there only
     assert sink_norm_effect(model, ids, sink=sink, layers=[0], heads=[1]).renormalized_nll != pytest.approx(
         effect.renormalized_nll, rel=1e-6)
+
+
+def test_norm_effect_figure_draws_the_control_beside_the_sink():
+    from captum_cw.plotting import sink_norm_effect_figure
+
+    curves = [{"low-norm heads": [0.1 * k, 0.2], "other heads": [0.3, 0.4]} for k in range(3)]
+    axes = sink_norm_effect_figure(*curves).axes
+    assert [axis.get_title() for axis in axes] == ["low-norm heads", "other heads"]
+    drawn = [line.get_ydata().tolist() for line in axes[0].get_lines() if line.get_label()[0] != "_"]
+    assert drawn == [[0.0, 0.2], [0.1, 0.2], [0.2, 0.2]]  # before, the sink's removal, the control's
+    assert len([line for line in sink_norm_effect_figure(*curves[:2]).axes[0].get_lines()
+                if line.get_label()[0] != "_"]) == 2  # without a control: before and after

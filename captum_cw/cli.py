@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--renormalize", action="store_true", help="renormalise the kept attention weights")
     evaluate.add_argument("--removal", default="knockout", choices=["knockout", "deletion"])
     evaluate.add_argument("--remove-special", action="store_true", help="allow removing special tokens")
-    evaluate.add_argument("--first-token", default="special", choices=["special", "protect", "rank"], help="token 0")
+    evaluate.add_argument("--first-token", default="special", choices=["special", "protect", "rank"],
+                          help="position 0, the usual sink: never removed, ranked, or ranked unless special (default)")
     evaluate.add_argument("--soft", action="store_true",
                           help="also soft comprehensiveness and sufficiency (Zhao & Aletras, 2023)")
     evaluate.add_argument("--save-rankings", action="store_true",

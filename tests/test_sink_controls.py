@@ -102,6 +102,14 @@ def _softmax_without(sink):
     return attention
 
 
+def test_positions_out_of_the_sequence_are_refused(llama64):
+    _, model, ids = llama64
+    with pytest.raises(ValueError, match=r"control must be a position of the sequence, in \[0, 9\), got 9"):
+        sink_norm_effect(model, ids, sink=0, control=9)
+    with pytest.raises(ValueError, match="sink must be a position"):
+        sink_norm_effect(model, ids, sink=-1)
+
+
 def test_renormalized_removal_is_a_softmax_without_the_sink(llama64):
     family, model, ids = llama64
     sink = 2  # rows 0 and 1 do not see it; every later row keeps other keys

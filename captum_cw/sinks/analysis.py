@@ -348,6 +348,9 @@ def sink_norm_effect(
     received_mass = torch.stack([received[k] for k in range(len(chosen))])  # [layer, key]
     if sink is None:
         sink = int(received_mass.mean(0).argmax())
+    _check_position(sink, n, "sink")
+    if control is not None:
+        _check_position(control, n, "control")
     value_norms = torch.stack([_value_norms(measured[k], heads) for k in range(len(chosen))]).mean(0)  # [key]
     if control is None:
         control = matched_control(value_norms, received_mass, sink, threshold)
@@ -363,6 +366,11 @@ def sink_norm_effect(
     return SinkNormEffect(sink, (nll_before, nll_sink), norm, cosine, low_norm, control, nll_control,
                           *control_change, nll_renormalized,
                           (float(value_norms[sink]), float(value_norms[control]) if control >= 0 else float("nan")))
+
+
+def _check_position(position: int, n: int, name: str) -> None:
+    if not 0 <= position < n:
+        raise InputError(f"{name} must be a position of the sequence, in [0, {n}), got {position}; count from 0.")
 
 
 def _value_norms(geometry: HeadGeometry, heads: Sequence[int] | None) -> Tensor:

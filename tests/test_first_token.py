@@ -1,14 +1,18 @@
 """ProtocolConfig.first_token: position 0 (the usual attention sink) protected or ranked by one rule for every
 tokenizer, with or without a ``<bos>``; the default keeps the rule runs were stored under."""
 
+import json
+
 import pytest
 import torch
 
-from captum_cw.evaluation import protocols
+from captum_cw.evaluation import EvaluationConfig, evaluate, protocols
 from captum_cw.evaluation.protocols import ProtocolConfig, eligible_keys, evaluate_example
-from captum_cw.evaluation.runner import EvaluationConfig
+from captum_cw.evaluation.run_folder import read_records
 from captum_cw.evaluation.sequences import encode
+from captum_cw.models import load_model
 from captum_cw.tasks import Example
+from conftest import TEST_DATA
 from tiny_models import FAMILIES
 
 
@@ -80,7 +84,21 @@ def test_eligible_keys_by_hand():
         ProtocolConfig(first_token="keep").validate()
 
 
-def test_stored_runs_without_the_setting_resume_under_the_old_rule():
-    # a config.json written before first_token lacks it: previous_run fills it with the default, the old rule
-    defaults = EvaluationConfig().to_json()
-    assert defaults["protocol"]["first_token"] == "special"
+def test_stored_runs_without_the_setting_resume_under_the_old_rule(tiny_llm_dir, tmp_path):
+    # a config.json written before first_token lacks it: it counts as the default, the old rule, and resumes;
+    # a run asking for another rule on that folder is refused
+    tiny = load_model(str(tiny_llm_dir))
+
+    def run(limit, first_token="special", resume=False):
+        protocol = ProtocolConfig(metrics=("random",), bins=(50,), first_token=first_token)
+        config = EvaluationConfig(task="gsm8k", limit=limit, data_dir=str(TEST_DATA), max_tokens=16, protocol=protocol)
+        return evaluate(config, tmp_path, resume=resume, model=tiny[0], tokenizer=tiny[1], progress=False)
+
+    run(1)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    del stored["protocol"]["first_token"]
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    run(2, resume=True)
+    assert len(read_records(tmp_path)) == 2
+    with pytest.raises(ValueError, match="another configuration"):
+        run(3, first_token="protect", resume=True)

@@ -114,7 +114,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         layers=tuple(args.layers) if args.layers else None, granularity=args.granularity, absolute=args.absolute,
         renormalize=args.renormalize, removal=args.removal, remove_special=args.remove_special,
         batch_size=args.batch_size, ig_steps=args.ig_steps, seed=args.seed, soft=args.soft,
-        save_rankings=args.save_rankings,
+        save_rankings=args.save_rankings, first_token=args.first_token,
     )
     config = EvaluationConfig(model=args.model, task=args.task, limit=args.limit, data_dir=args.data_dir,
                               source=args.source, sample=args.sample, sample_seed=args.sample_seed,
@@ -204,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--renormalize", action="store_true", help="renormalise the kept attention weights")
     evaluate.add_argument("--removal", default="knockout", choices=["knockout", "deletion"])
     evaluate.add_argument("--remove-special", action="store_true", help="allow removing special tokens")
+    evaluate.add_argument("--first-token", default="special", choices=["special", "protect", "rank"],
+                          help="position 0, the usual sink: never removed, ranked, or ranked unless special (default)")
     evaluate.add_argument("--soft", action="store_true",
                           help="also soft comprehensiveness and sufficiency (Zhao & Aletras, 2023)")
     evaluate.add_argument("--save-rankings", action="store_true",

@@ -151,5 +151,10 @@ def test_sinks_command_writes_numbers_and_plots(tiny_llm_dir, tmp_path):
     summary = json.loads((tmp_path / "sinks.json").read_text())
     assert summary["n_texts"] == 2
     assert 0 <= summary["convexity"]["fraction_t_star_below_1"] <= 1
+    intervention = summary["sink_norm_intervention"]
+    for removal in (intervention, intervention["control"], intervention["sink_removed_renormalized"]):
+        low, high = removal["delta_perplexity"]["ci95"]
+        assert low <= removal["delta_perplexity"]["mean"] <= high and removal["delta_perplexity"]["texts"] == 2
+    assert set(intervention["control"]["change_of_head_output_norm"]) == {"low_norm_heads", "other_heads"}
     for name in ("received", "factors", "alignment", "convexity", "norm_effect"):
         assert (tmp_path / f"sinks_{name}.png").read_bytes()[:4] == b"\x89PNG"

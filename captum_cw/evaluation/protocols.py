@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
 from captum_cw.attribution import attribute_metrics
+from captum_cw.errors import InputError
 from captum_cw.evaluation.ranking import (
     DEFAULT_BINS,
     MODES,
@@ -50,10 +51,11 @@ from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import METRICS
 from captum_cw.selection import select_indices
 
-__all__ = ["LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "chosen_layers", "evaluate_example",
-           "input_metrics", "layer_metrics"]
+__all__ = ["FIRST_TOKEN", "LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "chosen_layers", "eligible_keys",
+           "evaluate_example", "input_metrics", "layer_metrics"]
 
 LAYER_METRICS = (*METRICS, "random")  # the defaults: the registered metrics (captum_cw.metrics) and random
+FIRST_TOKEN = ("special", "protect", "rank")  # ProtocolConfig.first_token: see eligible_keys
 INPUT_METRICS = ("ig", "cw_last", "cw_mean", "cw_rollout", "attention_mean", "attention_rollout", "random")
 
 
@@ -88,6 +90,7 @@ class ProtocolConfig:
     renormalize: bool = False
     removal: str = "knockout"  # input level: "knockout" or "deletion"
     remove_special: bool = False
+    first_token: str = "special"  # position 0: "protect", "rank" or "special" (as any position): eligible_keys
     batch_size: int = 16
     ig_steps: int = 50
     seed: int = 0
@@ -104,6 +107,8 @@ class ProtocolConfig:
             raise ValueError(f"Unknown {self.protocol}-level metrics {unknown}; choose from {', '.join(allowed)}.")
         if self.granularity not in ("token", "head"):
             raise ValueError(f"granularity must be 'token' or 'head', got {self.granularity!r}.")
+        if self.first_token not in FIRST_TOKEN:
+            raise InputError(f"first_token must be one of {', '.join(FIRST_TOKEN)}, got {self.first_token!r}.")
         if self.removal not in ("knockout", "deletion"):
             raise ValueError(f"removal must be 'knockout' or 'deletion', got {self.removal!r}.")
         if not self.metrics or not self.bins:
@@ -116,6 +121,26 @@ class ProtocolConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.layers is not None and not self.layers:
             raise ValueError("layers is empty; pass None to intervene on every layer.")
+
+
+def eligible_keys(special: Tensor, config: ProtocolConfig) -> Tensor:
+    r"""
+    The positions a protocol may rank and remove: every position but the special tokens (all of them with
+    ``remove_special``), with position 0, the first token and the usual attention sink, decided by
+    ``first_token`` whatever the tokenizer calls it: ``"protect"`` keeps it out, ``"rank"`` lets it in (a
+    ``<bos>`` too), ``"special"`` treats it as any other position (so a ``<bos>`` sink is protected and a
+    first word is ranked: the rule before ``first_token`` existed, the default for runs stored before it).
+
+    Args:
+        special (Tensor): ``(n,)`` bool, the special tokens of one sequence.
+        config (ProtocolConfig): reads ``remove_special`` and ``first_token``.
+    Returns:
+        ``(n,)`` bool, True where a key may be ranked and removed.
+    """
+    eligible = torch.ones_like(special, dtype=torch.bool) if config.remove_special else ~special.bool()  # [n]
+    if len(eligible) and config.first_token != "special":
+        eligible[0] = config.first_token == "rank"
+    return eligible
 
 
 def chosen_layers(config: ProtocolConfig, n_layers: int) -> list[int]:
@@ -265,9 +290,7 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
             generator = _generator(config.seed, f"{encoded.example.id}/{s}")
             scores["random"] = torch.rand(shape, generator=generator).to(device)
         causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # [query, key]
-        removable = ~encoded.special[s].to(device) if not config.remove_special else torch.ones(n, dtype=torch.bool,
-                                                                                                  device=device)
-        eligible = causal & removable[None, :]
+        eligible = causal & eligible_keys(encoded.special[s], config).to(device)[None, :]
         hard, soft = [], []
         for metric in config.metrics:
             metric_hard, metric_soft, ranks = _removals(scores[metric], eligible, config)  # each [layer, head|1, n, n]
@@ -382,9 +405,7 @@ def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
     while shared > 0 and any(not torch.equal(c[:shared], contexts[0][:shared]) for c in contexts):
         shared -= 1
     eligible = torch.zeros(len(encoded.sequences[encoded.choices[clean["prediction"]].sequence]), dtype=torch.bool)
-    eligible[:shared] = True
-    if not config.remove_special:
-        eligible[:shared] &= ~encoded.special[encoded.choices[0].sequence][:shared]
+    eligible[:shared] = eligible_keys(encoded.special[encoded.choices[0].sequence][:shared], config)
     hard, soft, rankings = [], [], {}
     for metric in config.metrics:
         metric_hard, metric_soft, ranks = _removals(scores[metric][: len(eligible)], eligible, config)  # each [n]

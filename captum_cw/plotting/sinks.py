@@ -122,22 +122,31 @@ def sink_convexity_figure(rates: ArrayLike, optimal: ArrayLike) -> Figure:
     return figure
 
 
-def sink_norm_effect_figure(before: Mapping[str, ArrayLike], after: Mapping[str, ArrayLike]) -> Figure:
+def sink_norm_effect_figure(before: Mapping[str, ArrayLike], after: Mapping[str, ArrayLike],
+                            control: Mapping[str, ArrayLike] | None = None) -> Figure:
     r"""
-    The cosine of the heads' outputs to the semantic direction per layer, before (dashed) and after (solid)
-    removing the sink's value norm.
+    The cosine of the heads' outputs to the semantic direction per layer, one panel per head group: before
+    any removal (a pale band), after removing the sink's value norm (solid) and, as a control, after removing the
+    value norm of a matched non-sink token instead (dotted).
 
     Args:
         before, after (Mapping[str, array]): head group (``"low-norm heads"``, ``"other heads"``) ->
                     ``(n_layers,)`` mean cosine.
+        control (Mapping[str, array], optional): the same after the control's removal. Default: None (not drawn)
     """
-    figure = Figure(figsize=(7, 3.5), layout="constrained")
-    axis = figure.subplots()
-    for group in before:
-        for when, values, style in (("before", before[group], "--"), ("after", after[group], "-")):
-            axis.plot(np.asarray(values), style, label=f"{group}, {when}")
-    _layer_axis(axis)
-    axis.set_ylabel("cos(o_h, semantic direction)")
-    axis.legend(fontsize=8, ncols=2)
-    axis.set_title("removing the sink's value norm")
+    figure = Figure(figsize=(5 * len(before) + 1, 3.8), layout="constrained")
+    axes = figure.subplots(1, len(before), squeeze=False, sharey=True)[0]
+    for axis, group in zip(axes, before):
+        # before: a broad pale band, so that a curve that does not move (the control, often) shows on top of it
+        axis.plot(np.asarray(before[group]), "-", color="grey", lw=4, alpha=0.35, label="before")
+        axis.plot(np.asarray(after[group]), "-", marker="o", markersize=3, color="C3", label="sink's norm removed")
+        if control is not None:
+            axis.plot(np.asarray(control[group]), ":", marker="s", markersize=3, color="C0",
+                      label="control token's norm removed")
+        axis.set_title(group)
+        _layer_axis(axis)
+        axis.axhline(0, color="grey", lw=0.5)
+    axes[0].set_ylabel("cos(o_h, semantic direction)")
+    axes[0].legend(fontsize=8)
+    figure.suptitle("removing a value norm: the sink's vs a matched non-sink token's (means over texts)")
     return figure

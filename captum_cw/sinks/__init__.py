@@ -6,10 +6,11 @@ from captum_cw.sinks.analysis import (
     SinkAnalysis,
     SinkNormEffect,
     analyze_sinks,
+    matched_control,
     optimal_sink_rate,
     scale_sink_values,
     sink_norm_effect,
 )
 
-__all__ = ["SinkAnalysis", "SinkNormEffect", "analyze_sinks", "optimal_sink_rate", "scale_sink_values",
-           "sink_norm_effect"]
+__all__ = ["SinkAnalysis", "SinkNormEffect", "analyze_sinks", "matched_control", "optimal_sink_rate",
+           "scale_sink_values", "sink_norm_effect"]

@@ -26,11 +26,12 @@ from captum_cw.architectures import find_attention_layers
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.errors import InputError
 from captum_cw.geometry import HeadGeometry, safe_divide
+from captum_cw.interventions import mask_values
 from captum_cw.scan import ModelInputs, scan_geometry
 from captum_cw.selection import select_indices
 
-__all__ = ["SinkAnalysis", "SinkNormEffect", "analyze_sinks", "optimal_sink_rate", "scale_sink_values",
-           "sink_norm_effect"]
+__all__ = ["SinkAnalysis", "SinkNormEffect", "analyze_sinks", "matched_control", "optimal_sink_rate",
+           "scale_sink_values", "sink_norm_effect"]
 
 
 def optimal_sink_rate(sink: Tensor, rest: Tensor) -> tuple[Tensor, Tensor]:
@@ -225,18 +226,30 @@ def scale_sink_values(
 @dataclass
 class SinkNormEffect:
     r"""
-    What removing (scaling) the sink's value norm does, for one sequence.
+    What removing (scaling) the sink's value norm does, for one sequence, beside two controls: the same
+    scaling of a matched non-sink token (the *control*) and the sink's removal with renormalisation.
 
     Attributes:
         sink (int): the sink position used.
-        nll (tuple[float, float]): mean next-token NLL before and after (the whole model run).
+        nll (tuple[float, float]): mean next-token NLL before and after scaling the sink's value (the whole
+                    model run).
         norm (Tensor): ``(2, n_layers, n_heads)`` mean ``||o_h||`` over rows, before and after.
         cosine (Tensor): ``(2, n_layers, n_heads)`` mean cos(o_h, semantic direction) before and after,
                     the semantic direction of a row being the mean of its visible non-sink ``vt_j``.
         low_norm (Tensor): ``(n_layers, n_heads)`` bool, heads in the lowest quartile of mean norm of their layer.
+        control (int): the matched non-sink position (:func:`matched_control`); -1 where the sequence has no
+                    other token.
+        control_nll (float): mean NLL after scaling the control's value instead (NaN without a control).
+        control_norm (Tensor): ``(2, n_layers, n_heads)`` as ``norm``, for the control's scaling.
+        control_cosine (Tensor): ``(2, n_layers, n_heads)`` as ``cosine`` (the same semantic direction), for
+                    the control's scaling.
+        renormalized_nll (float): mean NLL after removing the sink key from every row at the chosen layers and
+                    heads, the row's other weights rescaled to sum to 1 (softmax without the sink).
+        value_norm (tuple[float, float]): mean ``||vt||`` over the chosen layers and heads of the sink and of
+                    the control (how well they are matched).
 
     The norms and cosines are the direct effect at each layer (``o_h - (1 - factor) alpha_s vt_s`` on the
-    clean activations); ``nll`` includes every downstream effect.
+    clean activations); the NLLs include every downstream effect.
     """
 
     sink: int
@@ -244,32 +257,85 @@ class SinkNormEffect:
     norm: Tensor
     cosine: Tensor
     low_norm: Tensor
+    control: int
+    control_nll: float
+    control_norm: Tensor
+    control_cosine: Tensor
+    renormalized_nll: float
+    value_norm: tuple[float, float]
 
     @property
     def delta_perplexity(self) -> float:
-        return float(torch.tensor(self.nll[1]).exp() - torch.tensor(self.nll[0]).exp())
+        r"""Perplexity after the sink's value scaling minus before."""
+        return _perplexity_change(self.nll[0], self.nll[1])
+
+    @property
+    def control_delta_perplexity(self) -> float:
+        r"""Perplexity after the control's value scaling minus before (NaN without a control)."""
+        return _perplexity_change(self.nll[0], self.control_nll)
+
+    @property
+    def renormalized_delta_perplexity(self) -> float:
+        r"""Perplexity after removing the sink with renormalisation minus before."""
+        return _perplexity_change(self.nll[0], self.renormalized_nll)
+
+
+def _perplexity_change(before: float, after: float) -> float:
+    return float(torch.tensor(after, dtype=torch.float64).exp() - torch.tensor(before, dtype=torch.float64).exp())
+
+
+def matched_control(value_norms: Tensor, received: Tensor, sink: int, threshold: float = 0.3) -> int:
+    r"""
+    The control token of a sink: among the positions that are a sink in no layer (received mass at most
+    ``threshold`` everywhere) and are not the sink, the one whose mean value norm ``||vt_j||`` is closest to
+    the sink's (the earliest on a tie). Matching the norm makes removing the control's norm take out a term
+    of the sink's size where attention is ordinary, which separates what the sink's place in the attention
+    does from what removing any such term does.
+
+    Args:
+        value_norms (Tensor): ``(n,)`` mean ``||vt_j||`` of each position over layers and heads.
+        received (Tensor): ``(n_layers, n)`` received attention mass of each key.
+        sink (int): the sink position.
+        threshold (float, optional): received mass above which a key is a sink. Default: 0.3
+    Returns:
+        The control position, or -1 when no position qualifies.
+    """
+    candidates = (received <= threshold).all(0)  # [key]
+    candidates[sink] = False
+    if not candidates.any():
+        return -1
+    distance = (value_norms - value_norms[sink]).abs().masked_fill(~candidates, float("inf"))  # [key]
+    return int(distance.argmin())
 
 
 def sink_norm_effect(
     model: nn.Module, input_ids: Tensor, sink: int | None = None, factor: float = 0.0,
-    layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+    layers: Sequence[int] | None = None, heads: Sequence[int] | None = None, control: int | None = None,
+    threshold: float = 0.3,
 ) -> SinkNormEffect:
     r"""
     Scales the sink's value vector by ``factor`` at ``layers`` (default all) and measures the change of
-    perplexity, of the heads' output norms and of their cosine to the semantic direction.
+    perplexity, of the heads' output norms and of their cosine to the semantic direction; does the same
+    for a control token, and measures the perplexity with the sink removed from the attention and each row
+    renormalised.
 
     Args:
         model (nn.Module): a causal language model of a registered architecture.
         input_ids (Tensor): ``(n,)`` or ``(1, n)`` token ids (one sequence).
         sink (int, optional): the sink position. Default: the key with the most received
                     attention mass over all layers.
-        factor (float, optional): scale of the sink's value (0 removes its norm). Default: 0.0
+        factor (float, optional): scale of the sink's (and the control's) value (0 removes its norm). Default: 0.0
         layers (Sequence[int], optional): where to intervene; negative indices count from the end. Default: all.
         heads (Sequence[int], optional): which heads to intervene on. Default: all.
+        control (int, optional): the control position. Default: :func:`matched_control` on the value norms
+                    and received masses of the chosen layers and heads.
+        threshold (float, optional): received mass above which a key counts as a sink, for the default
+                    control. Default: 0.3
     """
     attention_layers = find_attention_layers(model)
     chosen = select_indices(layers, len(attention_layers), "layer")
     ids = _one_sequence(input_ids, "sink_norm_effect").to(next(model.parameters()).device)
+    n = ids.shape[1]
     measured: dict[int, HeadGeometry] = {}
     received: dict[int, Tensor] = {}
 
@@ -278,20 +344,68 @@ def sink_norm_effect(
         measured[k] = geometry  # the direct effect needs the sink, known after the pass
 
     output = scan_geometry(model, [attention_layers[i] for i in chosen], ModelInputs(ids, {"use_cache": False}, None),
-                           (), None, on_chunk, chunk_size=ids.shape[1])
+                           (), None, on_chunk, chunk_size=n)
+    received_mass = torch.stack([received[k] for k in range(len(chosen))])  # [layer, key]
     if sink is None:
-        sink = int(torch.stack(list(received.values())).mean(0).argmax())
-    with torch.no_grad(), scale_sink_values(model, sink, factor, chosen, heads):
-        scaled = model(ids, use_cache=False)
-    nll = (_nll(ids[0], output.logits[0]), _nll(ids[0], scaled.logits[0]))
+        sink = int(received_mass.mean(0).argmax())
+    _check_position(sink, n, "sink")
+    if control is not None:
+        _check_position(control, n, "control")
+    value_norms = torch.stack([_value_norms(measured[k], heads) for k in range(len(chosen))]).mean(0)  # [key]
+    if control is None:
+        control = matched_control(value_norms, received_mass, sink, threshold)
+    nll_before = _nll(ids[0], output.logits[0])
+    nll_sink = _scaled_nll(model, ids, sink, factor, chosen, heads)
+    nll_control = _scaled_nll(model, ids, control, factor, chosen, heads) if control >= 0 else float("nan")
+    nll_renormalized = _renormalized_nll(model, ids, sink, chosen, heads, measured[0].alpha.shape[1])
+    sink_change = _direct_effects(measured, sink, sink, factor, heads)
+    control_change = (_direct_effects(measured, control, sink, factor, heads) if control >= 0
+                      else (sink_change[0], torch.full_like(sink_change[1], float("nan"))))
+    norm, cosine = sink_change  # each [2, layer, head]
+    low_norm = norm[0] <= norm[0].quantile(0.25, dim=-1, keepdim=True)
+    return SinkNormEffect(sink, (nll_before, nll_sink), norm, cosine, low_norm, control, nll_control,
+                          *control_change, nll_renormalized,
+                          (float(value_norms[sink]), float(value_norms[control]) if control >= 0 else float("nan")))
+
+
+def _check_position(position: int, n: int, name: str) -> None:
+    if not 0 <= position < n:
+        raise InputError(f"{name} must be a position of the sequence, in [0, {n}), got {position}; count from 0.")
+
+
+def _value_norms(geometry: HeadGeometry, heads: Sequence[int] | None) -> Tensor:
+    r"""``(n,)`` mean over the chosen heads of ``||vt_j||`` at one layer."""
+    vt = torch.einsum("hkd,hdm->hkm", geometry.values[0], geometry.head_projections)  # [head, key, d_model]
+    norms = vt.norm(dim=-1)  # [head, key]
+    return (norms if heads is None else norms[list(heads)]).mean(0).cpu()
+
+
+def _scaled_nll(model: nn.Module, ids: Tensor, position: int, factor: float, layers: Sequence[int],
+                heads: Sequence[int] | None) -> float:
+    r"""The mean NLL with ``position``'s value scaled by ``factor`` (:func:`scale_sink_values`)."""
+    with torch.no_grad(), scale_sink_values(model, position, factor, layers, heads):
+        return _nll(ids[0], model(ids, use_cache=False).logits[0])
+
+
+def _renormalized_nll(model: nn.Module, ids: Tensor, sink: int, layers: Sequence[int], heads: Sequence[int] | None,
+                      n_heads: int) -> float:
+    r"""The mean NLL with the sink key removed from every row of the chosen heads and the rows renormalised."""
+    n = ids.shape[1]
+    removal = torch.zeros(1, n_heads, n, n, dtype=torch.bool, device=ids.device)  # [batch, head, query, key]
+    removal[:, list(range(n_heads)) if heads is None else list(heads), :, sink] = True
+    with torch.no_grad(), mask_values(model, dict.fromkeys(layers, removal), renormalize=True):
+        return _nll(ids[0], model(ids, use_cache=False).logits[0])
+
+
+def _direct_effects(measured: dict[int, HeadGeometry], removed: int, sink: int, factor: float,
+                    heads: Sequence[int] | None) -> tuple[Tensor, Tensor]:
+    r"""``(norm, cosine)``, each ``(2, n_layers, n_heads)`` before and after scaling ``removed``'s value."""
     norms, cosines = [], []
-    for k in range(len(chosen)):
-        before, after, cos_before, cos_after = _direct_effect(measured[k], sink, factor, heads)
+    for k in range(len(measured)):
+        before, after, cos_before, cos_after = _direct_effect(measured[k], removed, sink, factor, heads)
         norms.append(torch.stack([before, after]))
         cosines.append(torch.stack([cos_before, cos_after]))
-    norm = torch.stack(norms, 1).cpu()  # [2, layer, head]
-    low_norm = norm[0] <= norm[0].quantile(0.25, dim=-1, keepdim=True)
-    return SinkNormEffect(sink, nll, norm, torch.stack(cosines, 1).cpu(), low_norm)
+    return torch.stack(norms, 1).cpu(), torch.stack(cosines, 1).cpu()
 
 
 def _nll(ids: Tensor, logits: Tensor) -> float:
@@ -299,16 +413,18 @@ def _nll(ids: Tensor, logits: Tensor) -> float:
 
 
 def _direct_effect(
-    geometry: HeadGeometry, sink: int, factor: float, heads: Sequence[int] | None
+    geometry: HeadGeometry, removed: int, sink: int, factor: float, heads: Sequence[int] | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Mean ``||o_h||`` and cos(o_h, semantic direction) over rows, ``(n_heads,)`` each, before and after
+    scaling ``removed``'s value; the semantic direction leaves out ``sink`` whichever token is scaled."""
     alpha = geometry.alpha[0]  # [head, query, key]
-    scaled = torch.zeros(alpha.shape[0], device=alpha.device)
+    scaled = torch.zeros(alpha.shape[0], dtype=alpha.dtype, device=alpha.device)
     scaled[list(range(alpha.shape[0])) if heads is None else list(heads)] = 1 - factor  # [head]
     values, projections = geometry.values[0], geometry.head_projections
     head_out = geometry.head_outputs[0]  # [head, query, d_model]
-    sink_vt = torch.einsum("hd,hdm->hm", values[:, sink], projections)  # [head, d_model]
-    changed = head_out - scaled[:, None, None] * alpha[:, :, sink, None] * sink_vt[:, None, :]
-    visible = (alpha > 0).float().index_fill(-1, torch.tensor([sink], device=alpha.device), 0.0)
+    removed_vt = torch.einsum("hd,hdm->hm", values[:, removed], projections)  # [head, d_model]
+    changed = head_out - scaled[:, None, None] * alpha[:, :, removed, None] * removed_vt[:, None, :]
+    visible = (alpha > 0).to(alpha.dtype).index_fill(-1, torch.tensor([sink], device=alpha.device), 0.0)
     weights = safe_divide(visible, visible.sum(-1, keepdim=True))
     semantic = torch.einsum("hqk,hkd,hdm->hqm", weights, values, projections)  # mean non-sink vt per row
     rows = visible.sum(-1) > 0  # rows that see at least one non-sink token: [head, query]

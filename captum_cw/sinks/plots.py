@@ -27,7 +27,8 @@ def write_plots(analyses: Sequence[SinkAnalysis], effects: Sequence[SinkNormEffe
                 out: Path, threshold: float = 0.3) -> None:
     r"""
     Writes ``sinks_received.png`` (the first text), ``sinks_factors.png``, ``sinks_alignment.png``,
-    ``sinks_convexity.png`` and ``sinks_norm_effect.png`` (means over the texts) under ``out``.
+    ``sinks_convexity.png`` and ``sinks_norm_effect.png`` (means over the texts; the sink's removal beside the
+    control token's) under ``out``.
     """
     first = analyses[0]
     save_figure(sink_received_figure(first.received, first.sinks, token_lists[0], threshold),
@@ -40,8 +41,13 @@ def write_plots(analyses: Sequence[SinkAnalysis], effects: Sequence[SinkNormEffe
     convexity = sink_convexity_figure(torch.cat([a.sink_rate.flatten() for a in analyses]),
                                       torch.cat([a.optimal_rate.flatten() for a in analyses]))
     save_figure(convexity, out / "sinks_convexity.png", dpi=110)
-    cosine = torch.stack([e.cosine for e in effects])  # [text, 2, layer, head]
     low = torch.stack([e.low_norm for e in effects])  # [text, layer, head]
-    curves = [{group: torch.where(mask, cosine[:, when], torch.nan).nanmean((0, 2))  # [layer]
-               for group, mask in (("low-norm heads", low), ("other heads", ~low))} for when in (0, 1)]
-    save_figure(sink_norm_effect_figure(*curves), out / "sinks_norm_effect.png", dpi=110)
+
+    def by_group(cosine: torch.Tensor) -> dict[str, torch.Tensor]:  # [text, layer, head] -> group: [layer]
+        return {group: torch.where(mask, cosine, torch.nan).nanmean((0, 2))
+                for group, mask in (("low-norm heads", low), ("other heads", ~low))}
+
+    cosine = torch.stack([e.cosine for e in effects])  # [text, 2, layer, head]
+    control = torch.stack([e.control_cosine[1] for e in effects])  # [text, layer, head]
+    save_figure(sink_norm_effect_figure(by_group(cosine[:, 0]), by_group(cosine[:, 1]), by_group(control)),
+                out / "sinks_norm_effect.png", dpi=110)

@@ -36,6 +36,12 @@ def sink_study(
     text, writes ``sinks.json`` (strict JSON: an undefined value is ``null``) and five PNG plots under ``out``,
     and returns the summary. A text of fewer than 2 tokens (no next token to predict) is left out and listed
     under ``"skipped"``.
+
+    ``sinks.json``'s ``"sink_norm_intervention"`` gives the change of perplexity (mean over texts, 95%
+    bootstrap interval) for the sink's value norm removed (scaled by ``factor``), for the same removal on the
+    matched control token (:func:`~captum_cw.sinks.matched_control`: a non-sink token of the closest mean
+    value norm) and for the sink removed from the attention with each row renormalised, and the direct
+    changes of the heads' output norms and cosines to the semantic direction for the sink and the control.
     """
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got {max_tokens}.")
@@ -51,7 +57,7 @@ def sink_study(
                                                     "least 2 to be scored"})
             continue
         analyses.append(analyze_sinks(model, ids, threshold))
-        effects.append(sink_norm_effect(model, ids, factor=factor))
+        effects.append(sink_norm_effect(model, ids, factor=factor, threshold=threshold))
         token_lists.append(readable_tokens(tokenizer, ids.tolist()))
     if not analyses:
         raise ValueError(f"none of the {len(texts)} texts has the 2 tokens a sink study needs; give longer texts.")
@@ -75,15 +81,48 @@ def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, A
     rates = torch.cat([a.sink_rate.flatten() for a in analyses])
     optimal = torch.cat([a.optimal_rate.flatten() for a in analyses])
     interior = (rates > 0) & (rates < 1)
-    delta_ppl = [e.delta_perplexity for e in effects]
-    norm = torch.stack([e.norm for e in effects])  # [text, 2, layer, head]
-    cosine = torch.stack([e.cosine for e in effects])
     low = torch.stack([e.low_norm for e in effects])  # [text, layer, head]
 
     def by_group(values: torch.Tensor) -> dict[str, float]:
         change = values[:, 1] - values[:, 0]  # [text, layer, head]
-        return {"low_norm_heads": float(change[low].mean()), "other_heads": float(change[~low].mean())}
+        return {"low_norm_heads": float(change[low].nanmean()), "other_heads": float(change[~low].nanmean())}
 
+    def perplexity_change(changes: list[float]) -> dict[str, Any]:
+        kept = [change for change in changes if change == change]  # texts without a control give NaN
+        if not kept:
+            return {"mean": None, "ci95": [None, None], "texts": 0}
+        return {"mean": sum(kept) / len(kept), "ci95": list(bootstrap_interval(kept)), "texts": len(kept)}
+
+    def direct(name: str) -> dict[str, dict[str, float]]:
+        return {"change_of_head_output_norm": by_group(torch.stack([getattr(e, name + "norm") for e in effects])),
+                "change_of_cosine_to_semantic_direction": by_group(
+                    torch.stack([getattr(e, name + "cosine") for e in effects]))}
+
+    with_control = [e for e in effects if e.control >= 0]
+    sink_norm = torch.tensor([e.value_norm[0] for e in with_control])
+    control_norm = torch.tensor([e.value_norm[1] for e in with_control])
+    intervention = {
+        "factor": factor,
+        "delta_perplexity": perplexity_change([e.delta_perplexity for e in effects]),  # the sink's norm removed
+        **direct(""),
+        "control": {
+            "choice": "per text, the token that is a sink in no layer whose mean value norm ||vt|| (over layers "
+                      "and heads) is closest to the sink's; its value scaled by the same factor",
+            "delta_perplexity": perplexity_change([e.control_delta_perplexity for e in effects]),
+            **direct("control_"),
+            "mean_value_norm_sink_vs_control": [float(sink_norm.mean()), float(control_norm.mean())]
+            if with_control else [None, None],
+            "mean_distance_to_sink": (sum(abs(e.control - e.sink) for e in with_control) / len(with_control)
+                                      if with_control else None),
+            "most_common_control_tokens": Counter(repr(tokens[e.control]) for e, tokens in zip(effects, token_lists)
+                                                  if e.control >= 0).most_common(10),
+        },
+        "sink_removed_renormalized": {
+            "what": "the sink key removed from every row at every layer and head, the other weights rescaled to "
+                    "sum to 1 (softmax without the sink)",
+            "delta_perplexity": perplexity_change([e.renormalized_delta_perplexity for e in effects]),
+        },
+    }
     return {
         "n_texts": len(analyses),
         "threshold": threshold,
@@ -105,11 +144,5 @@ def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, A
             "mean_actual_sink_rate": float(rates[interior].mean()),
             "fraction_actual_rate_above_t_star": float((rates[interior] > optimal[interior]).float().mean()),
         },
-        "sink_norm_intervention": {
-            "factor": factor,
-            "delta_perplexity": {"mean": sum(delta_ppl) / len(delta_ppl),
-                                 "ci95": list(bootstrap_interval(delta_ppl))},
-            "change_of_head_output_norm": by_group(norm),
-            "change_of_cosine_to_semantic_direction": by_group(cosine),
-        },
+        "sink_norm_intervention": intervention,
     }

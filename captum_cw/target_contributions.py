@@ -43,17 +43,21 @@ class TargetScores:
     What :func:`target_scores` computed for a batch.
 
     Attributes:
-        scores (Tensor): ``(batch, n_layers, n)`` float32, each layer's first-order part of the target per token,
-                    layers in the order given.
+        scores (Tensor): ``(batch, n_layers, n)`` float32, each layer's first-order part of the targets' summed
+                    log-probability per token, layers in the order given.
+        per_target (Tensor or None): ``(batch, n_targets, n_layers, n)`` with ``rows="explained"``: the part of
+                    ``scores`` that passes through each target's own row (they sum to ``scores``); None otherwise.
         totals (Tensor): ``(batch, n_layers)`` what each layer's scores sum to by the identity, computed from the
                     layer's own attention output (its output projection's output less its bias) and the gradient,
                     not from the scores.
-        objective (Tensor): ``(batch,)`` the target's log-probability.
-        attention (Tensor): ``(batch, n_layers, n)`` the explained row's attention weights, mean over heads.
+        objective (Tensor): ``(batch, n_targets)`` each target's log-probability.
+        attention (Tensor): ``(batch, n_layers, n)`` the explained rows' attention weights, mean over heads and
+                    the targets' rows.
         output (Any): the model's output.
     """
 
     scores: Tensor
+    per_target: Tensor | None
     totals: Tensor
     objective: Tensor
     attention: Tensor
@@ -62,19 +66,22 @@ class TargetScores:
 
 def _target_objective(logits: Tensor, positions: Tensor, targets: Tensor) -> Tensor:
     r"""
-    The target's log-probability per example: ``(batch,)``.
+    Each target's log-probability: ``(batch, n_targets)``.
 
     Args:
         logits (Tensor): ``(batch, n, vocab)`` of a language model (read at ``positions``) or ``(batch, classes)``
                     of a classifier.
-        positions (Tensor): ``(batch,)`` long, the explained position of each example.
-        targets (Tensor): ``(batch,)`` long, the token or class of each example.
+        positions (Tensor): ``(batch, n_targets)`` long, where each target is read.
+        targets (Tensor): ``(batch, n_targets)`` long, the tokens or classes.
     """
-    rows = logits[torch.arange(len(positions), device=logits.device), positions] if logits.dim() == 3 else logits
+    if logits.dim() == 3:
+        rows = logits[torch.arange(len(positions), device=logits.device)[:, None], positions]  # [batch, t, vocab]
+    else:
+        rows = logits[:, None].expand(-1, targets.shape[1], -1)  # [batch, t, classes]
     if not bool(((targets >= 0) & (targets < rows.shape[-1])).all()):
         raise InputError(f"target {targets.tolist()} out of range: the model's output has {rows.shape[-1]} "
                          "entries per position (token ids of its vocabulary, or classes).")
-    return rows.float().log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    return rows.float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
 def _requiring_grad(model: nn.Module, model_inputs: ModelInputs) -> Any:
@@ -111,8 +118,10 @@ def target_scores(
         layers (Sequence[AttentionLayer]): the layers to score.
         heads (Sequence[int], optional): the heads summed (``rows="explained"`` only); None for all.
         model_inputs (ModelInputs), positional (tuple): the prepared model call.
-        positions (Tensor): ``(batch,)`` long, each example's explained position (where the target is read).
-        targets (Tensor): ``(batch,)`` long, each example's target token or class.
+        positions (Tensor): ``(batch,)`` or ``(batch, n_targets)`` long, where each target is read (the explained
+                    rows).
+        targets (Tensor): shaped like ``positions``, each target token or class; several targets of an example
+                    (a response) are explained together, as the sum of their log-probabilities.
         rows (str, optional): ``"explained"`` (the explained row) or ``"all"`` (every row). Default: ``"explained"``
         verify (bool, optional): run the self-check. Default: True
     Returns:
@@ -124,9 +133,13 @@ def target_scores(
         raise UnsupportedSetupError("rows='all' reads the gradient of the value vectors, which grouped heads share; "
                                     "it sums every head: pass heads=None, or rows='explained' for a head subset.")
     device = model_inputs.main.device
-    positions, targets = positions.to(device), targets.to(device)
+    positions, targets = positions.to(device).reshape(len(positions), -1), targets.to(device).reshape(
+        len(targets), -1)  # [batch, t]
+    if positions.shape != targets.shape:
+        raise InputError(f"{targets.shape[1]} targets per example for {positions.shape[1]} positions; pass one "
+                         "position per target.")
     wanted = positions.unique()  # the explained rows of the batch, sorted
-    slot = torch.searchsorted(wanted, positions)  # [batch] each example's row among them
+    slot = torch.searchsorted(wanted, positions)  # [batch, t] each target's row among them
     explained: dict[int, HeadGeometry] = {}
     projected: dict[int, Tensor] = {}  # layer -> its output projection's output [batch, n, d_model]
     values: dict[int, Tensor] = {}  # layer -> the value vectors the kernel read [batch, kv_head, n, d_head]
@@ -156,30 +169,31 @@ def target_scores(
             hook.remove()
         if embedding_hook is not None:
             embedding_hook.remove()
-    batch = torch.arange(len(positions), device=device)
-    per_layer, totals, attention = [], [], []
+    batch = torch.arange(len(positions), device=device)[:, None]  # [batch, 1]
+    per_layer, per_target, totals, attention = [], [], [], []
     for k, layer in enumerate(layers):
-        alpha = explained[k].alpha[batch, :, slot][:, :, None, :]  # [batch, head, 1, key]
-        attention.append(alpha.mean(1)[:, 0].float())
+        alpha = explained[k].alpha.transpose(1, 2)[batch, slot].transpose(1, 2)  # [batch, head, t, key]
+        attention.append(alpha.mean((1, 2)).float())
         gradient = _zero_if_unused(gradients[k], projected[k]).float()  # [batch, n, d_model]
         attention_output = projected[k].detach().float()
         bias = getattr(layer.output_projection, "bias", None)
         if bias is not None:
             attention_output = attention_output - bias.detach().float()
         if rows == "explained":
-            direction = gradient[batch, positions][:, None, None, :]  # [batch, 1, 1, d_model]
+            direction = gradient[batch, positions][:, None]  # [batch, 1, t, d_model]
             single = HeadGeometry(alpha, explained[k].values, explained[k].head_projections)
-            head_scores = single.projected_on(direction.to(alpha.dtype))  # [batch, head, 1, key]
+            head_scores = single.projected_on(direction.to(alpha.dtype))  # [batch, head, t, key]
             if heads is not None:
                 head_scores = head_scores[:, list(heads)]
-            per_layer.append(head_scores.sum((1, 2)).float())  # [batch, key]
-            totals.append((attention_output[batch, positions] * gradient[batch, positions]).sum(-1))
+            per_target.append(head_scores.sum(1).float())  # [batch, t, key]
+            per_layer.append(per_target[-1].sum(1))  # [batch, key]
+            totals.append((attention_output[batch, positions] * gradient[batch, positions]).sum((1, 2)))
         else:
             value_gradient = _zero_if_unused(gradients[len(layers) + k], values[k]).float()
             per_layer.append((values[k].detach().float() * value_gradient).sum((1, 3)))  # [batch, key]
             totals.append((attention_output * gradient).sum((1, 2)))
-    return TargetScores(torch.stack(per_layer, 1), torch.stack(totals, 1), objective.detach(),
-                        torch.stack(attention, 1), output)
+    return TargetScores(torch.stack(per_layer, 1), torch.stack(per_target, 2) if per_target else None,
+                        torch.stack(totals, 1), objective.detach(), torch.stack(attention, 1), output)
 
 
 def _zero_if_unused(gradient: Tensor | None, like: Tensor) -> Tensor:

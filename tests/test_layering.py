@@ -32,8 +32,10 @@ LAYERS = {
     "captum_cw.scan": 3,
     "captum_cw.attribution": 4,
     "captum_cw.interventions": 4,
+    "captum_cw.target_contributions": 4,
     # 5: what is built on the attributors
     "captum_cw.llm": 5,
+    "captum_cw.sources": 5,
     "captum_cw.sinks": 5,
     "captum_cw.token_contributions": 5,
     # 6: the faithfulness evaluation, views, integrations and the package's public names

@@ -11,7 +11,6 @@ import copy
 import pytest
 import torch
 import transformers
-from tiny_models import FAMILIES, example_inputs
 
 from captum_cw import TokenContributions
 from captum_cw.architectures import find_attention_layers
@@ -19,6 +18,7 @@ from captum_cw.errors import InputError
 from captum_cw.interventions import scale_values
 from captum_cw.scan import prepare_inputs
 from captum_cw.target_contributions import target_scores
+from tiny_models import FAMILIES, example_inputs
 
 DECODERS = ["llama", "gemma3_text", "gpt2"]  # grouped heads; a post-attention norm; Conv1D with a bias
 

@@ -19,8 +19,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["CONTEXT_TASKS", "ContextExample", "ContextTask", "context_examples"]
+__all__ = ["CONTEXT_TASKS", "PROMPT_STYLES", "ContextExample", "ContextTask", "EncodedContext", "context_examples",
+           "encode_context"]
+
+PROMPT_STYLES = ("plain", "facts", "chat")
+r"""How a context example becomes a prompt: ``"plain"`` (the sources, then the question), ``"facts"`` (``Facts:``,
+one source a line, a blank line, the question) or ``"chat"`` (the sources as the user's message through the
+tokenizer's chat template, the question as the start of the assistant's answer)."""
 
 # single words that are one token, with their leading space, in the bundled models' tokenizers
 NAMES = ("Anna", "Tom", "Maria", "John", "Paul", "Sarah", "David", "Emma", "Peter", "Lucy", "Mark", "Alice",
@@ -198,3 +205,89 @@ def context_examples(task: str, n: int, seed: int = 0, distractors: int = 3) -> 
         examples.append(ContextExample(f"{task}-{index}", task, tuple(sources), question, answer,
                                        tuple(dict.fromkeys(candidates)), evidence, spec.copy))
     return examples
+
+
+@dataclass(frozen=True)
+class EncodedContext:
+    r"""
+    A context example as token ids, with where its parts are.
+
+    Attributes:
+        ids (list[int]): the prompt's token ids (special tokens included).
+        source_of (list[int]): for each token, the index of the source it belongs to, -1 outside the context.
+        evidence (list[int]): the positions of the evidence source's tokens.
+        answer_copy (list[int]): the positions of the tokens of the answer's in-context copy (empty if none).
+        text (str): the prompt as text.
+    """
+
+    ids: list[int]
+    source_of: list[int]
+    evidence: list[int]
+    answer_copy: list[int]
+    text: str
+
+    @property
+    def context(self) -> list[int]:
+        r"""The positions of the context's tokens."""
+        return [position for position, source in enumerate(self.source_of) if source >= 0]
+
+
+def _styled(example: ContextExample, tokenizer: Any, style: str) -> tuple[str, list[tuple[int, int]], bool]:
+    r"""The prompt text, each source's character span in it, and whether the text holds its special tokens."""
+    if style == "plain":
+        return example.prompt, example.source_spans(), False
+    if style == "facts":
+        lines = [source.strip() + "\n" for source in example.sources]
+        spans, start = [], len("Facts:\n")
+        for line in lines:
+            spans.append((start, start + len(line) - 1))
+            start += len(line)
+        return "Facts:\n" + "".join(lines) + "\n" + example.question.strip(), spans, False
+    if style != "chat":
+        raise ValueError(f"Unknown prompt style {style!r}; choose one of {', '.join(PROMPT_STYLES)}.")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{type(tokenizer).__name__} has no chat template; use style='facts' or 'plain'.")
+    context = example.context.strip()
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": context}], add_generation_prompt=True,
+                                             tokenize=False)
+    offset = rendered.index(context)
+    return rendered + example.question.strip(), [(start + offset, end + offset) for start, end in
+                                                 example.source_spans()], True
+
+
+def encode_context(example: ContextExample, tokenizer: Any, style: str = "plain") -> EncodedContext:
+    r"""
+    Tokenizes a context example in a prompt style (:data:`PROMPT_STYLES`) and finds its sources' tokens.
+
+    Args:
+        example (ContextExample): the example.
+        tokenizer: a fast transformers tokenizer (for its offsets).
+        style (str, optional): ``"plain"``, ``"facts"`` or ``"chat"``. Default: ``"plain"``
+    Returns:
+        :class:`EncodedContext`; a token belongs to a source when its characters lie within the source's span
+        (leading and trailing whitespace of a token ignored).
+    """
+    text, spans, templated = _styled(example, tokenizer, style)
+    encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=not templated)
+    ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
+    source_of = []
+    for start, end in offsets:
+        piece = text[start:end]
+        start, end = start + len(piece) - len(piece.lstrip()), end - len(piece) + len(piece.rstrip())
+        inside = [k for k, (s, e) in enumerate(spans) if end > start and s <= start and end <= e]
+        source_of.append(inside[0] if inside else -1)
+    word = example.answer.strip()
+    copies = [(spans[example.evidence][0] + found, spans[example.evidence][0] + found + len(word))
+              for found in _find_all(text[slice(*spans[example.evidence])], word)]
+    answer_copy = [position for position, (start, end) in enumerate(offsets)
+                   if end > start and any(s < end and start < e for s, e in copies)]
+    evidence = [position for position, source in enumerate(source_of) if source == example.evidence]
+    return EncodedContext(ids, source_of, evidence, answer_copy, text)
+
+
+def _find_all(text: str, word: str) -> list[int]:
+    found, start = [], 0
+    while word and (index := text.find(word, start)) >= 0:
+        found.append(index)
+        start = index + len(word)
+    return found

@@ -1,0 +1,232 @@
+"""Source-level context attribution: which sources of a context (sentences, passages, chat messages) made the
+model give a response, from one forward and one backward pass.
+
+Each source gets the sum of its tokens' target-aware contributions (:mod:`captum_cw.target_contributions`) to the
+response's log-probability: the first-order change of ``log p(response)`` if the source's value vectors were
+masked out of the rows that predict the response, at every layer. ContextCite asks the same question of a
+surrogate model fitted on 32-64 ablated forward passes.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from captum_cw.architectures import find_attention_layers
+from captum_cw.errors import InputError, require_model
+from captum_cw.files import write_atomically
+from captum_cw.scan import prepare_inputs
+from captum_cw.selection import select_indices
+from captum_cw.target_contributions import TARGET_ROWS, target_scores
+
+__all__ = ["SourceAttribution", "SourceContributions"]
+
+Source = str | Mapping[str, str]  # a text, or a chat message {"role": ..., "content": ...}
+
+
+@dataclass
+class SourceAttribution:
+    r"""
+    What :meth:`SourceContributions.attribute` found.
+
+    Attributes:
+        sources (list[str]): the sources' texts, in order.
+        query (str): the question asked after them.
+        response (str): the response explained (given, or generated).
+        response_tokens (list[str]): its tokens.
+        scores (Tensor): ``(n_sources,)`` each source's first-order part of the response's log-probability.
+        token_scores (Tensor): ``(n_response_tokens, n_sources)`` the part that passes through the row predicting
+                    each response token (the rows sum to ``scores``).
+        log_probs (Tensor): ``(n_response_tokens,)`` the model's log-probability of each response token.
+        prompt (str): the prompt as the model read it (chat template included).
+    """
+
+    sources: list[str]
+    query: str
+    response: str
+    response_tokens: list[str]
+    scores: Tensor
+    token_scores: Tensor
+    log_probs: Tensor
+    prompt: str
+
+    def ranking(self) -> list[int]:
+        r"""The sources' indices, most supporting first."""
+        return sorted(range(len(self.sources)), key=lambda k: -float(self.scores[k]))
+
+    def to_text(self, width: int = 70) -> str:
+        r"""A table of the sources by score, most supporting first."""
+        lines = [f"Response: {self.response!r} (log p = {float(self.log_probs.sum()):.3f})",
+                 f"{'score':>9}  source"]
+        for k in self.ranking():
+            text = " ".join(self.sources[k].split())
+            lines.append(f"{float(self.scores[k]):>9.4f}  [{k}] {text[:width]}{'...' if len(text) > width else ''}")
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        r"""A self-contained HTML page: the sources highlighted by score (red supports the response, blue works
+        against it), the query and the response; exact values on hover."""
+        limit = float(self.scores.abs().max()) or 1.0
+        spans = []
+        for k, (source, score) in enumerate(zip(self.sources, self.scores.tolist())):
+            shade = round(255 * (1 - min(1.0, abs(score) / limit)))
+            colour = f"rgb(255,{shade},{shade})" if score >= 0 else f"rgb({shade},{shade},255)"
+            spans.append(f'<span class="source" style="background:{colour}" title="source {k}: {score:.6g}">'
+                         f"{html.escape(source)}</span>")
+        rows = "".join(f"<tr><td>{float(self.scores[k]):.4f}</td><td>{k}</td><td>{html.escape(self.sources[k])}"
+                       "</td></tr>" for k in self.ranking())
+        return (
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>captum_cw: sources</title><style>'
+            "body{font:14px/1.5 system-ui,sans-serif;margin:20px 28px;max-width:60em}"
+            ".source{padding:1px 2px;border-radius:3px;border:1px solid #ddd}"
+            "td{padding:2px 8px;vertical-align:top}td:first-child{text-align:right;font-family:monospace}"
+            "</style></head><body><h1>Which sources made the model say this?</h1>"
+            f"<p>{' '.join(spans)}</p><p><b>Query:</b> {html.escape(self.query)}</p>"
+            f"<p><b>Response:</b> {html.escape(self.response)} (log p = {float(self.log_probs.sum()):.3f})</p>"
+            "<p>Red: the source supports the response (removing it would lower its log-probability, to first "
+            "order); blue: it works against it.</p>"
+            f"<table><tr><th>score</th><th>#</th><th>source</th></tr>{rows}</table></body></html>\n"
+        )
+
+    def write_html(self, path: str | Path) -> Path:
+        path = Path(path)
+        write_atomically(path, self.to_html())
+        return path
+
+
+class SourceContributions:
+    r"""
+    Which sources of a context made the model give a response: one score per source for the whole response
+    and per response token, from one forward and one backward pass.
+
+    Args:
+        model (nn.Module): a causal language model of a supported architecture.
+        tokenizer (PreTrainedTokenizerBase): its (fast) tokenizer.
+        layers (int or Sequence[int], optional): layers whose attention outputs are read. Default: all.
+        chat (bool, optional): put the sources and the query in the user's message through the tokenizer's chat
+                    template. Default: None (when the tokenizer has a chat template)
+        target_rows (str, optional): ``"explained"`` (the rows that predict the response) or ``"all"`` (every
+                    row that reads a source token; no per-token split). Default: ``"explained"``
+
+    Examples::
+
+        >>> explainer = SourceContributions(model, tokenizer)
+        >>> found = explainer.attribute(["Anna lives in Paris.", "Tom lives in Rome."], "Where does Tom live?",
+        ...                             "Tom lives in Rome")
+        >>> found.ranking()[0]  # the source that supports the answer most
+        1
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        layers: int | Sequence[int] | None = None,
+        *,
+        chat: bool | None = None,
+        target_rows: str = "explained",
+    ) -> None:
+        require_model(model, "SourceContributions")
+        if target_rows not in TARGET_ROWS:
+            raise InputError(f"target_rows must be one of {', '.join(TARGET_ROWS)}, got {target_rows!r}.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.attention_layers = find_attention_layers(model)
+        self.layers = select_indices(layers, len(self.attention_layers), "layer")
+        self.chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+        if self.chat and not getattr(tokenizer, "chat_template", None):
+            raise InputError(f"chat=True, but {type(tokenizer).__name__} has no chat template; pass chat=False.")
+        self.target_rows = target_rows
+
+    def _prompt(self, sources: list[str], query: str) -> tuple[str, list[tuple[int, int]]]:
+        r"""The prompt text and each source's character span in it."""
+        context = " ".join(sources)
+        if self.chat:
+            content = f"{context}\n\n{query}"
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                      add_generation_prompt=True, tokenize=False)
+            start = text.index(content)
+        else:
+            text, start = f"{context}\n\n{query}\n", 0
+        spans = []
+        for source in sources:
+            spans.append((start, start + len(source)))
+            start += len(source) + 1
+        return text, spans
+
+    def attribute(
+        self,
+        sources: Sequence[Source],
+        query: str,
+        response: str | None = None,
+        max_new_tokens: int = 20,
+    ) -> SourceAttribution:
+        r"""
+        Args:
+            sources (Sequence[str or dict]): the context, split into sources: texts (sentences, passages), or chat
+                        messages ``{"role", "content"}`` whose contents are the sources.
+            query (str): the question or instruction that follows them.
+            response (str, optional): the response to explain. Default: None (the model's greedy response, up to
+                        ``max_new_tokens`` tokens)
+            max_new_tokens (int, optional): for a generated response. Default: 20
+        Returns:
+            :class:`SourceAttribution`.
+        """
+        texts = [source["content"] if isinstance(source, Mapping) else source for source in sources]
+        if not texts or not all(isinstance(text, str) and text.strip() for text in texts):
+            raise InputError("sources must be a non-empty list of non-empty texts (or chat messages with content).")
+        text, spans = self._prompt(texts, query)
+        encoded = self.tokenizer(text, return_offsets_mapping=True, add_special_tokens=not self.chat)
+        prompt_ids = list(encoded["input_ids"])
+        source_of = [_source_of(start, end, text, spans) for start, end in encoded["offset_mapping"]]
+        response_ids = self._response_ids(prompt_ids, response, max_new_tokens)
+        ids = torch.tensor([prompt_ids + response_ids], device=next(self.model.parameters()).device)
+        positions = torch.arange(len(prompt_ids) - 1, ids.shape[1] - 1)[None]  # the rows that predict the response
+        model_inputs, positional = prepare_inputs(self.model, ids, None, None, ids.device)
+        layers = [self.attention_layers[index] for index in self.layers]
+        found = target_scores(self.model, layers, None, model_inputs, positional, positions,
+                              torch.tensor([response_ids]), self.target_rows)
+        membership = torch.zeros(ids.shape[1], len(texts))  # [token, source]
+        for position, source in enumerate(source_of):
+            if source >= 0:
+                membership[position, source] = 1.0
+        per_token = found.scores[0].sum(0).cpu()  # [n]: summed over layers
+        token_scores = (found.per_target[0].sum(1).cpu() @ membership if found.per_target is not None
+                        else torch.full((len(response_ids), len(texts)), float("nan")))
+        return SourceAttribution(
+            sources=texts, query=query, response=self.tokenizer.decode(response_ids),
+            response_tokens=self.tokenizer.convert_ids_to_tokens(response_ids), scores=per_token @ membership,
+            token_scores=token_scores, log_probs=found.objective[0].cpu(), prompt=text)
+
+    def _response_ids(self, prompt_ids: list[int], response: str | None, max_new_tokens: int) -> list[int]:
+        if response is not None:
+            ids = list(self.tokenizer(response, add_special_tokens=False)["input_ids"])
+            if not ids:
+                raise InputError("the response has no tokens; give a non-empty response, or None to generate one.")
+            return ids
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}.")
+        device = next(self.model.parameters()).device
+        prompt = torch.tensor([prompt_ids], device=device)
+        with torch.no_grad():
+            generated = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                            max_new_tokens=max_new_tokens, temperature=None, top_p=None, top_k=None)
+        ids = generated[0, len(prompt_ids):].tolist()
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        ids = ids[: ids.index(eos)] if eos in ids else ids
+        if not ids:
+            raise InputError("the model generated no response (it ended at once); pass the response to explain.")
+        return ids
+
+
+def _source_of(start: int, end: int, text: str, spans: list[tuple[int, int]]) -> int:
+    r"""The source whose span holds a token's characters (whitespace around it ignored), or -1."""
+    piece = text[start:end]
+    start, end = start + len(piece) - len(piece.lstrip()), end - len(piece) + len(piece.rstrip())
+    return next((k for k, (s, e) in enumerate(spans) if end > start and s <= start and end <= e), -1)

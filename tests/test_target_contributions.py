@@ -23,9 +23,12 @@ from tiny_models import FAMILIES, example_inputs
 DECODERS = ["llama", "gemma3_text", "gpt2"]  # grouped heads; a post-attention norm; Conv1D with a bias
 
 
-def reference(family_name: str, model, ids, target: int, position: int, rows: str, **kwargs) -> torch.Tensor:
-    r"""``(n_layers, n)``: ``sum_h alpha[h,i,j] <vt[h,j], g[i]>`` (explained) or summed over every row ``k``
-    (all), from materialised vectors in float64 on one unpadded example."""
+def reference(family_name: str, model, ids, target, position, rows: str, only_row: int | None = None,
+              **kwargs) -> torch.Tensor:
+    r"""``(n_layers, n)``: ``sum_h alpha[h,i,j] <vt[h,j], g[i]>`` summed over the explained rows ``i`` (explained)
+    or over every row (all), ``g`` the gradient of the targets' summed log-probability, from materialised vectors
+    in float64 on one unpadded example; ``target`` and ``position`` are an int or equally long lists; with
+    ``only_row`` the terms of that explained row alone."""
     family = FAMILIES[family_name]
     model = copy.deepcopy(model).double()
     model.set_attn_implementation("eager")
@@ -39,7 +42,8 @@ def reference(family_name: str, model, ids, target: int, position: int, rows: st
     output = model(ids, output_attentions=True, **kwargs)
     for hook in hooks:
         hook.remove()
-    objective = output.logits[0, position].log_softmax(-1)[target]
+    targets, positions = torch.tensor(target).reshape(-1), torch.tensor(position).reshape(-1)
+    objective = output.logits[0, positions].log_softmax(-1).gather(-1, targets[:, None]).sum()
     gradients = torch.autograd.grad(objective, projected)
     layers = []
     for layer, attention in enumerate(attentions):
@@ -52,7 +56,8 @@ def reference(family_name: str, model, ids, target: int, position: int, rows: st
         g = gradients[layer][0]  # [n, d_model]
         dots = torch.einsum("km,hjm->hkj", g, vt)  # <vt[h, j], g[k]>: [head, row, key]
         terms = (alpha * dots).sum(0)  # [row, key]
-        layers.append(terms[position] if rows == "explained" else terms.sum(0))
+        explained = positions if only_row is None else torch.tensor([only_row])
+        layers.append(terms[explained].sum(0) if rows == "explained" else terms.sum(0))
     return torch.stack(layers)
 
 

@@ -1,0 +1,109 @@
+"""Source-level context attribution: several targets (a response) against the float64 brute force, sources as
+sums of their tokens, generated responses, chat messages and refusals."""
+
+from __future__ import annotations
+
+import html.parser
+
+import pytest
+import torch
+
+from captum_cw.architectures import find_attention_layers
+from captum_cw.errors import InputError
+from captum_cw.scan import prepare_inputs
+from captum_cw.sources import SourceContributions
+from captum_cw.target_contributions import target_scores
+from test_target_contributions import reference
+from tiny_models import FAMILIES, example_inputs
+
+SOURCES = ["Anna lives in Paris.", "Tom lives in Rome.", "Maria lives in Tokyo."]
+
+
+@pytest.mark.parametrize("rows", ["explained", "all"])
+def test_a_response_of_several_tokens_matches_the_brute_force(rows):
+    model = FAMILIES["llama"].build()
+    ids = example_inputs(FAMILIES["llama"])[0][:1]
+    positions, targets = [5, 6, 7], [ids[0, 6].item(), ids[0, 7].item(), 11]
+    model_inputs, positional = prepare_inputs(model, ids, None, None, torch.device("cpu"))
+    found = target_scores(model, find_attention_layers(model), None, model_inputs, positional,
+                          torch.tensor([positions]), torch.tensor([targets]), rows)
+    expected = reference("llama", model, ids, targets, positions, rows)
+    torch.testing.assert_close(found.scores[0].double(), expected, atol=2e-5 * expected.abs().max(), rtol=1e-3)
+    if rows == "explained":
+        torch.testing.assert_close(found.per_target.sum(1), found.scores)  # each target's row, summed
+        own = reference("llama", model, ids, targets, positions, rows, only_row=6)  # the sum's gradient, row 6
+        torch.testing.assert_close(found.per_target[0, 1].double(), own, atol=2e-5 * own.abs().max(), rtol=1e-3)
+    assert found.objective.shape == (1, 3)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from captum_cw.models import load_model
+
+    return load_model("smollm2-135m")
+
+
+def test_a_source_scores_the_sum_of_its_tokens(smollm2):
+    model, tokenizer = smollm2
+    explainer = SourceContributions(model, tokenizer, chat=False)
+    found = explainer.attribute(SOURCES, "Where does Tom live?", " Tom lives in Rome.")
+    prompt = tokenizer(found.prompt, return_offsets_mapping=True)
+    response = tokenizer(found.response, add_special_tokens=False)["input_ids"]
+    n = len(prompt["input_ids"])
+    ids = torch.tensor([prompt["input_ids"] + response])
+    positions = list(range(n - 1, n - 1 + len(response)))
+    per_token = reference("llama", model, ids, response, positions, "explained").sum(0)  # [n]: layers summed
+    expected = torch.zeros(len(SOURCES), dtype=torch.float64)
+    start = 0
+    for k, source in enumerate(SOURCES):  # the sources stand one after the other, a space apart
+        span = (start, start + len(source))
+        inside = [p for p, (s, e) in enumerate(prompt["offset_mapping"])
+                  if e > s and found.prompt[s:e].strip() and span[0] <= s + len(found.prompt[s:e]) - len(
+                      found.prompt[s:e].lstrip()) and e <= span[1]]
+        expected[k] = per_token[inside].sum()
+        start += len(source) + 1
+    torch.testing.assert_close(found.scores.double(), expected, atol=1e-4 * expected.abs().max(), rtol=1e-3)
+    torch.testing.assert_close(found.token_scores.sum(0), found.scores, atol=1e-5, rtol=1e-4)
+    assert found.ranking()[0] == 1  # Tom's sentence supports "Tom lives in Rome." most
+    assert found.log_probs.shape == (len(response),)
+
+
+def test_a_generated_response_is_the_greedy_one(smollm2):
+    model, tokenizer = smollm2
+    explainer = SourceContributions(model, tokenizer)  # the tokenizer's chat template
+    found = explainer.attribute(SOURCES, "Where does Tom live?", max_new_tokens=4)
+    prompt = tokenizer(found.prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        greedy = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=4,
+                                temperature=None, top_p=None, top_k=None)
+    assert found.response == tokenizer.decode(greedy[0, prompt.shape[1]:])
+    assert "<|im_start|>user" in found.prompt and len(found.response_tokens) == 4
+
+
+def test_chat_messages_are_sources_and_the_page_is_escaped(smollm2):
+    model, tokenizer = smollm2
+    messages = [{"role": "user", "content": "Anna lives in <Paris>."}, {"role": "user", "content": "Tom & Rome."}]
+    found = SourceContributions(model, tokenizer).attribute(messages, "Where does Anna live?", "Paris")
+    assert found.sources == ["Anna lives in <Paris>.", "Tom & Rome."]
+    page = found.to_html()
+    assert "&lt;Paris&gt;" in page and "Tom &amp; Rome." in page
+    parser = html.parser.HTMLParser()
+    parser.feed(page)
+    assert "[0]" in found.to_text() and "[1]" in found.to_text()
+
+
+@pytest.mark.parametrize("sources, message", [([], "non-empty list"), (["ok", "  "], "non-empty texts")])
+def test_bad_sources_are_refused(smollm2, sources, message):
+    model, tokenizer = smollm2
+    with pytest.raises(InputError, match=message):
+        SourceContributions(model, tokenizer).attribute(sources, "Where?", "x")
+
+
+def test_chat_without_a_template_is_refused(smollm2):
+    model, tokenizer = smollm2
+
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(InputError, match="no chat template"):
+        SourceContributions(model, NoTemplate(), chat=True)

@@ -147,6 +147,27 @@ def _sinks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sources(args: argparse.Namespace) -> int:
+    from captum_cw.sources import SourceContributions
+
+    sources = list(args.source or [])
+    if args.sources_file is not None:
+        sources += [line.strip() for line in Path(args.sources_file).read_text(encoding="utf-8").splitlines()
+                    if line.strip()]
+    if not sources:
+        raise InputError("no sources: pass --source TEXT (once per source) or --sources-file FILE (one per line).")
+    if args.html is not None and Path(args.html).suffix.lower() not in (".html", ".htm"):
+        raise InputError(f"--html {args.html}: give a file name ending in .html.")
+    model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
+    chat = {"auto": None, "yes": True, "no": False}[args.chat]
+    explainer = SourceContributions(model, tokenizer, chat=chat)
+    found = explainer.attribute(sources, args.query, args.response, max_new_tokens=args.max_new_tokens)
+    print(found.to_text())
+    if args.html is not None:
+        print(f"HTML written to {found.write_html(args.html).resolve()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="captum-cw", description="Contribution weights for transformers.")
     common = OneLineParser(add_help=False)
@@ -236,6 +257,24 @@ def build_parser() -> argparse.ArgumentParser:
     sinks.add_argument("--device", type=device, default=None)
     sinks.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     sinks.set_defaults(run=_sinks)
+
+    sources = commands.add_parser("sources", parents=[common],
+                                  help="which sources of a context made the model give its response")
+    sources.add_argument("--source", action="append", default=None,
+                         help="one source of the context (a sentence, a passage); repeat for each")
+    sources.add_argument("--sources-file", default=None, help="a text file with one source per line")
+    sources.add_argument("--query", required=True, help="the question or instruction after the sources")
+    sources.add_argument("--response", default=None,
+                         help="the response to explain (default: the model's greedy response)")
+    sources.add_argument("--max-new-tokens", type=int_at_least(1), default=20,
+                         help="for a generated response (default: 20)")
+    sources.add_argument("--chat", default="auto", choices=["auto", "yes", "no"],
+                         help="use the tokenizer's chat template (auto: when it has one)")
+    sources.add_argument("--model", default="smollm2-135m", help="smollm2-135m (offline), a local path or hub id")
+    sources.add_argument("--html", default=None, help="also write an HTML view of the sources here (.html)")
+    sources.add_argument("--device", type=device, default=None)
+    sources.add_argument("--dtype", default=None, choices=sorted(DTYPES))
+    sources.set_defaults(run=_sources)
     return parser
 
 

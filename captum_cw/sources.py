@@ -13,6 +13,7 @@ import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -149,8 +150,8 @@ class SourceContributions:
         context = " ".join(sources)
         if self.chat:
             content = f"{context}\n\n{query}"
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                                      add_generation_prompt=True, tokenize=False)
+            text = str(self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                          add_generation_prompt=True, tokenize=False))
             start = text.index(content)
         else:
             text, start = f"{context}\n\n{query}\n", 0
@@ -200,8 +201,8 @@ class SourceContributions:
         token_scores = (found.per_target[0].sum(1).cpu() @ membership if found.per_target is not None
                         else torch.full((len(response_ids), len(texts)), float("nan")))
         return SourceAttribution(
-            sources=texts, query=query, response=self.tokenizer.decode(response_ids),
-            response_tokens=self.tokenizer.convert_ids_to_tokens(response_ids), scores=per_token @ membership,
+            sources=texts, query=query, response=str(self.tokenizer.decode(response_ids)),
+            response_tokens=list(self.tokenizer.convert_ids_to_tokens(response_ids)), scores=per_token @ membership,
             token_scores=token_scores, log_probs=found.objective[0].cpu(), prompt=text)
 
     def _response_ids(self, prompt_ids: list[int], response: str | None, max_new_tokens: int) -> list[int]:
@@ -214,9 +215,10 @@ class SourceContributions:
             raise InputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}.")
         device = next(self.model.parameters()).device
         prompt = torch.tensor([prompt_ids], device=device)
+        generate: Any = getattr(self.model, "generate")
         with torch.no_grad():
-            generated = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                            max_new_tokens=max_new_tokens, temperature=None, top_p=None, top_k=None)
+            generated = generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                 max_new_tokens=max_new_tokens, temperature=None, top_p=None, top_k=None)
         ids = generated[0, len(prompt_ids):].tolist()
         eos = getattr(self.tokenizer, "eos_token_id", None)
         ids = ids[: ids.index(eos)] if eos in ids else ids

@@ -90,7 +90,8 @@ def _requiring_grad(model: nn.Module, model_inputs: ModelInputs) -> Any:
     if not model_inputs.is_text:
         model_inputs.main = model_inputs.main.detach().requires_grad_()
         return None
-    embeddings = model.get_input_embeddings()
+    get_embeddings: Any = getattr(model, "get_input_embeddings")
+    embeddings: nn.Module = get_embeddings()
 
     def require_grad(module: nn.Module, args: Any, output: Tensor) -> Tensor:
         return output if output.requires_grad else output.detach().requires_grad_()

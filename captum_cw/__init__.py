@@ -12,6 +12,7 @@ from captum_cw.attribution import (
     attribute_metrics,
 )
 from captum_cw.metrics import METRICS, Metric, register_metric
+from captum_cw.sources import SourceAttribution, SourceContributions
 from captum_cw.token_contributions import TokenContributions
 
 __version__ = "0.1.0"
@@ -26,6 +27,8 @@ __all__ = [
     "MetricAttribution",
     "MetricScores",
     "OutputNormalizedAttention",
+    "SourceAttribution",
+    "SourceContributions",
     "TokenContributions",
     "ValueWeightedAttention",
     "attribute_metrics",

@@ -206,17 +206,12 @@ def test_noise_tunnel_and_sensitivity_work_on_the_pixels_of_a_vit():
 
 # --------------------------------------------------------------------- TokenContributions (token_contributions.py)
 
-_LEAD = pytest.mark.xfail(strict=True, reason="TokenContributions calls require_model / refuse_captum_arguments / "
-                                              "refuse_noisy_token_ids once token_contributions.py wires them")
 
-
-@_LEAD
 def test_token_contributions_names_itself_for_a_forward_function(llama):
     with pytest.raises(UnsupportedArgumentError, match="^TokenContributions: model is"):
         TokenContributions(lambda x: llama(x).logits)
 
 
-@_LEAD
 def test_token_contributions_refuses_captum_keywords(llama, ids):
     with pytest.raises(UnsupportedArgumentError, match="TokenContributions.attribute does not take baselines="):
         TokenContributions(llama).attribute(ids, baselines=ids * 0)
@@ -224,7 +219,6 @@ def test_token_contributions_refuses_captum_keywords(llama, ids):
         TokenContributions(llama).attribute(ids, return_convergence_delta=True)
 
 
-@_LEAD
 def test_token_contributions_says_why_noise_on_ids_cannot_work(llama, ids):
     with pytest.raises(InputError, match="Noise on token ids has no meaning"):
         NoiseTunnel(TokenContributions(llama)).attribute(ids, nt_type="smoothgrad", nt_samples=2, stdevs=0.1)

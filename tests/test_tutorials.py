@@ -13,8 +13,8 @@ IDS = [path.stem for path in TUTORIALS]
 MAX_BYTES = 300_000  # outputs are small PNGs and text; a larger file means a figure or an output ran away
 
 
-def test_there_are_five_tutorials():
-    assert [path.stem[:2] for path in TUTORIALS] == ["01", "02", "03", "04", "05"]
+def test_there_are_six_tutorials():
+    assert [path.stem[:2] for path in TUTORIALS] == ["01", "02", "03", "04", "05", "06"]
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=IDS)

@@ -251,7 +251,7 @@ class MetricAttribution(Attribution):
             finite = values.isfinite().flatten(2).all(-1).all(0)  # [n_layers]
             if not bool(finite.all()):
                 layer = self.layers[int((~finite).nonzero()[0])]
-                raise ValueError(f"{name} scores at layer {layer} are NaN or inf: the model's own attention there is "
+                raise InputError(f"{name} scores at layer {layer} are NaN or inf: the model's own attention there is "
                                  "not finite on these inputs (run model(...) alone to see it). No scores returned.")
         return found, expected, output
 

@@ -127,7 +127,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         ids = ", ".join(entry["id"] for entry in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
         print(f"{len(skipped)} examples skipped, too short to score ({ids}): see 'skipped' in {args.out}/summary.json")
     if not summary["n_examples"]:
-        raise ValueError(f"none of the {len(skipped)} examples could be scored; give longer texts or more examples.")
+        raise InputError(f"none of the {len(skipped)} examples could be scored; give longer texts or more examples.")
     print("\n".join(summary_lines(summary, args.task)))
     print(f"written to {args.out}")
     return 0

@@ -15,6 +15,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from captum_cw.errors import InputError
+
 __all__ = ["HeadGeometry", "safe_divide", "sum_heads"]
 
 
@@ -161,7 +163,7 @@ class HeadGeometry:
         elif variant == "intra":
             output_norms, dots = self.head_output_norms, self.intra_dots
         else:
-            raise ValueError(f"variant must be 'inter' or 'intra', got {variant!r}.")
+            raise InputError(f"variant must be 'inter' or 'intra', got {variant!r}.")
         relative_norm = safe_divide(self.value_norms, output_norms).expand_as(self.alpha)
         cosine = safe_divide(dots, output_norms * self.value_norms)
         return self.alpha, relative_norm, cosine

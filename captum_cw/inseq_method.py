@@ -28,6 +28,7 @@ from inseq.data import MultiDimensionalFeatureAttributionStepOutput
 from inseq.utils.typing import InseqAttribution
 
 from captum_cw import attribution
+from captum_cw.errors import InputError
 
 __all__ = ["ContributionWeightsAttribution"]
 
@@ -127,7 +128,7 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
     ) -> None:
         super().__init__(attribution_model, **kwargs)
         if attribution_model.is_encoder_decoder:
-            raise ValueError(
+            raise InputError(
                 "contribution_weights supports decoder-only models in inseq: captum_cw attributes self-attention, "
                 f"and {type(attribution_model.model).__name__} is an encoder-decoder (its cross-attention is not "
                 "supported)."

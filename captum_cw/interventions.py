@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
 from captum_cw.capture import AttentionCall, capture_attention, take_rows
+from captum_cw.errors import InputError
 from captum_cw.selection import select_indices
 from captum_cw.self_check import tolerance
 
@@ -95,7 +96,7 @@ def _removed_shares(model: nn.Module, removals: Mapping[int, Tensor], renormaliz
         batch = call.query.shape[0]
         if (removal.dim() != 4 or removal.shape[-2:] != (n_query, n_key) or removal.shape[1] not in (1, call.n_heads)
                 or removal.shape[0] not in (1, batch)):
-            raise ValueError(
+            raise InputError(
                 f"removal mask has shape {tuple(removal.shape)}; expected ({batch} or 1, {call.n_heads} or 1, "
                 f"{n_query}, {n_key}) for this input."
             )

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from captum_cw.errors import InputError
+
 __all__ = ["LAYER_AGGREGATIONS", "aggregate_layers", "in_forward_order", "rollout"]
 
 LAYER_AGGREGATIONS = ("last", "mean", "rollout")
@@ -58,7 +60,7 @@ def aggregate_layers(scores: Tensor, rows: Tensor, aggregation: str) -> Tensor:
         Tensor ``(..., n_rows, n)``.
     """
     if aggregation not in LAYER_AGGREGATIONS:
-        raise ValueError(f"layer aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, got {aggregation!r}.")
+        raise InputError(f"layer aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, got {aggregation!r}.")
     if aggregation == "rollout":
         combined = rollout(scores)  # [..., n, n]: every row is composed through the layers
     elif rows.dim() == 1:  # the same rows everywhere: picked first, so only those are averaged

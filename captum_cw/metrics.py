@@ -11,6 +11,7 @@ from typing import Literal
 
 from torch import Tensor
 
+from captum_cw.errors import InputError
 from captum_cw.geometry import HeadGeometry
 
 __all__ = ["Metric", "METRICS", "get_metric", "register_metric"]
@@ -41,7 +42,7 @@ class Metric:
 
     def __post_init__(self) -> None:
         if self.head_reduction not in ("sum", "mean"):
-            raise ValueError(f"head_reduction must be 'sum' or 'mean', got {self.head_reduction!r}.")
+            raise InputError(f"head_reduction must be 'sum' or 'mean', got {self.head_reduction!r}.")
 
 
 def _reads(geometry: HeadGeometry) -> Tensor:
@@ -64,7 +65,7 @@ def register_metric(metric: Metric) -> None:
 def get_metric(name: str) -> Metric:
     r"""The registered metric called ``name``; a ValueError lists the known ones otherwise."""
     if name not in METRICS:
-        raise ValueError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
+        raise InputError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
     return METRICS[name]
 
 

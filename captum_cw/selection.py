@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_cw.errors import InputError
+
 __all__ = ["select_indices"]
 
 
@@ -17,7 +19,7 @@ def _index(value: Any, what: str) -> int:
     if isinstance(value, Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{what} indices must be integers, got {value!r} ({type(value).__name__}).")
+        raise InputError(f"{what} indices must be integers, got {value!r} ({type(value).__name__}).")
     return int(value)
 
 
@@ -31,11 +33,11 @@ def select_indices(selected: Any, size: int, what: str) -> list[int]:
         selected = array.item() if array.dim() == 0 else array.flatten().tolist()
     indices = [_index(index, what) for index in ([selected] if not isinstance(selected, Iterable) else selected)]
     if not indices:
-        raise ValueError(f"The {what} selection is empty; pass None for all {size} {what}s.")
+        raise InputError(f"The {what} selection is empty; pass None for all {size} {what}s.")
     for index in indices:
         if not -size <= index < size:
-            raise ValueError(f"{what} {index} is out of range: the model has {size} {what}s (0..{size - 1}).")
+            raise InputError(f"{what} {index} is out of range: the model has {size} {what}s (0..{size - 1}).")
     resolved = [index % size for index in indices]
     if len(set(resolved)) != len(resolved):
-        raise ValueError(f"The {what} selection {indices} names a {what} twice.")
+        raise InputError(f"The {what} selection {indices} names a {what} twice.")
     return resolved

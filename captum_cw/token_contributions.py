@@ -51,17 +51,17 @@ def _example_positions(position: Position, padding: Tensor | None, batch: int, n
         return last if causal else first
     given = torch.as_tensor(position)
     if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
-        raise ValueError(f"position must be an int or one int per example, got {given.dtype} {position!r}.")
+        raise InputError(f"position must be an int or one int per example, got {given.dtype} {position!r}.")
     if given.dim() == 0:
         given = given.expand(batch)
     if given.shape != (batch,):
-        raise ValueError(f"position has shape {tuple(given.shape)}; pass an int or one position per example "
+        raise InputError(f"position has shape {tuple(given.shape)}; pass an int or one position per example "
                          f"({batch},).")
     positions = torch.where(given < 0, last + 1 + given, given).long()
     outside = (positions < 0) | (positions >= n)
     if outside.any() or not real[torch.arange(batch), positions.clamp(0, n - 1)].all():
         bad = int((outside | ~real[torch.arange(batch), positions.clamp(0, n - 1)]).nonzero()[0])
-        raise ValueError(f"position {given[bad].item()} of example {bad} is not one of its real tokens "
+        raise InputError(f"position {given[bad].item()} of example {bad} is not one of its real tokens "
                          f"({int(first[bad])}..{int(last[bad])}); negative positions count back from its last "
                          "real token.")
     return positions
@@ -288,11 +288,11 @@ class TokenContributions(Attribution):
                              "shown: leave exclude out.")
         patch = getattr(self.model.config, "patch_size", None)
         if not isinstance(patch, int):
-            raise ValueError(f"{type(self.model).__name__} has no integer config.patch_size, so patch scores cannot "
+            raise InputError(f"{type(self.model).__name__} has no integer config.patch_size, so patch scores cannot "
                              "be mapped onto pixels; use ContributionWeights for token-level scores.")
         grid = (height // patch, width // patch)
         if position is not None and not isinstance(position, int):
-            raise ValueError("for pixel inputs, position must be one int shared by the batch (default 0, the class "
+            raise InputError("for pixel inputs, position must be one int shared by the batch (default 0, the class "
                              "token).")
         row = 0 if position is None else position
         if target is not None:
@@ -302,7 +302,7 @@ class TokenContributions(Attribution):
             scores, _ = self._layer_scores(inputs, None, additional_forward_args, [row], False)
             tokens = self._aggregate(scores, torch.zeros(batch, dtype=torch.long, device=scores.device))  # [batch, n]
         if tokens.shape[1] != 1 + grid[0] * grid[1]:
-            raise ValueError(f"{tokens.shape[1]} tokens do not make one class token and a {grid[0]}x{grid[1]} patch "
+            raise InputError(f"{tokens.shape[1]} tokens do not make one class token and a {grid[0]}x{grid[1]} patch "
                              "grid; this vision model's token layout is not supported by TokenContributions.")
         patches = tokens[:, 1:].reshape(batch, 1, *grid)  # [batch, 1, rows, cols] in the patch embedding's order
         pixels = patches.repeat_interleave(patch, 2).repeat_interleave(patch, 3)

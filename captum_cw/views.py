@@ -226,32 +226,32 @@ def attribution_view(
         :class:`AttributionView`.
     """
     if aggregation not in LAYER_AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, got {aggregation!r}.")
+        raise InputError(f"aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, got {aggregation!r}.")
     unknown = [variant for variant in variants if variant not in VARIANTS]
     if unknown or not variants:
-        raise ValueError(f"variants must be among {', '.join(VARIANTS)}, got {list(variants)}.")
+        raise InputError(f"variants must be among {', '.join(VARIANTS)}, got {list(variants)}.")
     if not 0 < threshold < 1:
-        raise ValueError(f"threshold is a share of the attention mass, in (0, 1), got {threshold}.")
+        raise InputError(f"threshold is a share of the attention mass, in (0, 1), got {threshold}.")
     if target is not None and position is not None:
-        raise ValueError("give a position or a target, not both: with a target, the positions that predict its "
+        raise InputError("give a position or a target, not both: with a target, the positions that predict its "
                          "tokens are explained.")
     prompt = tokenizer(text, return_tensors="pt")["input_ids"][0]
     if len(prompt) == 0:
-        raise ValueError("the text has no tokens; give a non-empty text.")
+        raise InputError("the text has no tokens; give a non-empty text.")
     target_ids = None
     if target is not None:
         target_ids = tokenizer(target, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
         if len(target_ids) == 0:
-            raise ValueError("the target has no tokens; give a non-empty target.")
+            raise InputError("the target has no tokens; give a non-empty target.")
         ids = torch.cat([prompt, target_ids])
         rows = list(range(len(prompt) - 1, len(ids) - 1))  # the positions that predict each target token
     else:
         ids, n = prompt, len(prompt)
         chosen = -1 if position is None else position
         if isinstance(chosen, bool) or not isinstance(chosen, int):
-            raise ValueError(f"position must be an int, got {type(chosen).__name__}.")
+            raise InputError(f"position must be an int, got {type(chosen).__name__}.")
         if not -n <= chosen < n:
-            raise ValueError(f"position {chosen} is outside the text's {n} tokens (0..{n - 1}; negative positions "
+            raise InputError(f"position {chosen} is outside the text's {n} tokens (0..{n - 1}; negative positions "
                              "count from the end).")
         rows = [chosen % n]
     probe = attributor_for("attention", model, layers, heads)  # resolves and checks the indices

@@ -101,26 +101,26 @@ class ProtocolConfig:
     def validate(self) -> None:
         allowed = layer_metrics() if self.protocol == "layer" else input_metrics()
         if self.protocol not in ("layer", "input"):
-            raise ValueError(f"protocol must be 'layer' or 'input', got {self.protocol!r}.")
+            raise InputError(f"protocol must be 'layer' or 'input', got {self.protocol!r}.")
         unknown = [m for m in self.metrics if m not in allowed]
         if unknown:
-            raise ValueError(f"Unknown {self.protocol}-level metrics {unknown}; choose from {', '.join(allowed)}.")
+            raise InputError(f"Unknown {self.protocol}-level metrics {unknown}; choose from {', '.join(allowed)}.")
         if self.granularity not in ("token", "head"):
-            raise ValueError(f"granularity must be 'token' or 'head', got {self.granularity!r}.")
+            raise InputError(f"granularity must be 'token' or 'head', got {self.granularity!r}.")
         if self.first_token not in FIRST_TOKEN:
             raise InputError(f"first_token must be one of {', '.join(FIRST_TOKEN)}, got {self.first_token!r}.")
         if self.removal not in ("knockout", "deletion"):
-            raise ValueError(f"removal must be 'knockout' or 'deletion', got {self.removal!r}.")
+            raise InputError(f"removal must be 'knockout' or 'deletion', got {self.removal!r}.")
         if not self.metrics or not self.bins:
-            raise ValueError("metrics and bins must each name at least one; leave them out for the defaults.")
+            raise InputError("metrics and bins must each name at least one; leave them out for the defaults.")
         outside = [b for b in self.bins if not 0 < b <= 100]
         if outside:
-            raise ValueError(f"bins are percentages in (0, 100], got {outside}.")
+            raise InputError(f"bins are percentages in (0, 100], got {outside}.")
         for name in ("batch_size", "ig_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.layers is not None and not self.layers:
-            raise ValueError("layers is empty; pass None to intervene on every layer.")
+            raise InputError("layers is empty; pass None to intervene on every layer.")
 
 
 def eligible_keys(special: Tensor, config: ProtocolConfig) -> Tensor:
@@ -395,7 +395,7 @@ def _frozen(model: nn.Module) -> Iterator[None]:
 
 def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict, dict]:
     if not encoded.choices:
-        raise ValueError("the input-level protocol explains a prediction: use it on a multiple-choice task "
+        raise InputError("the input-level protocol explains a prediction: use it on a multiple-choice task "
                          "(mmlu, winogrande, boolq); text tasks take --protocol layer.")
     clean = measure_unperturbed(model, encoded)
     scores, diagnostics = _input_scores(model, encoded, clean, config.metrics, config, n_layers)

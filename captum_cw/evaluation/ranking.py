@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from captum_cw.errors import InputError
+
 __all__ = ["DEFAULT_BINS", "MODES", "aopc", "key_ranks", "normalized_scores", "ranked_positions",
            "removal_from_ranking", "removal_from_ranks", "soft_removal", "top_k_count"]
 
@@ -25,7 +27,7 @@ def top_k_count(n_eligible: Tensor, percent: float) -> Tensor:
         percent (float): the bin, in ``(0, 100]``.
     """
     if not 0 < percent <= 100:
-        raise ValueError(f"bins are percentages in (0, 100], got {percent}.")
+        raise InputError(f"bins are percentages in (0, 100], got {percent}.")
     return torch.ceil(n_eligible.double() * percent / 100 - 1e-9).long()
 
 
@@ -59,7 +61,7 @@ def removal_from_ranks(ranks: Tensor, eligible: Tensor, percent: float, mode: st
         Bool tensor shaped like ``ranks``, True for the keys to remove.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
+        raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
     eligible = eligible.expand_as(ranks)
     top = ranks < top_k_count(eligible.sum(-1, keepdim=True), percent)
     return eligible & (top if mode == "comprehensiveness" else ~top)
@@ -90,7 +92,7 @@ def removal_from_ranking(
         Bool tensor ``(..., n_key)``, True for the keys to remove.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
+        raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
     return removal_from_ranks(key_ranks(scores, eligible, absolute), eligible, percent, mode)
 
 
@@ -145,7 +147,7 @@ def soft_removal(scores: Tensor, eligible: Tensor, mode: str, absolute: bool = F
         Float tensor ``(..., n_key)`` in ``[0, 1]``: the share removed, ``1 - q_j`` on eligible keys, else 0.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
+        raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
     s = normalized_scores(scores, eligible, absolute)
     return s if mode == "comprehensiveness" else torch.where(eligible.expand_as(s), 1 - s, 0.0)
 

@@ -13,6 +13,7 @@ from typing import Any, TypedDict, final
 
 from typing_extensions import NotRequired
 
+from captum_cw.errors import InputError
 from captum_cw.statistics import Interval
 from captum_cw.tasks import KINDS, Kind
 
@@ -116,7 +117,7 @@ def choice_clean(record: Record) -> ChoiceClean:
     r"""The clean measurement of a multiple-choice record; a ValueError for a text record."""
     clean = record["clean"]
     if "logliks" not in clean:
-        raise ValueError(f"record {record['id']!r} is a text record where a multiple-choice one was expected.")
+        raise InputError(f"record {record['id']!r} is a text record where a multiple-choice one was expected.")
     return clean
 
 
@@ -124,7 +125,7 @@ def text_clean(record: Record) -> TextClean:
     r"""The clean measurement of a text record; a ValueError for a multiple-choice record."""
     clean = record["clean"]
     if "nll" not in clean:
-        raise ValueError(f"record {record['id']!r} is a multiple-choice record where a text one was expected.")
+        raise InputError(f"record {record['id']!r} is a multiple-choice record where a text one was expected.")
     return clean
 
 
@@ -142,7 +143,7 @@ def parse_record(raw: dict[str, Any]) -> Record | Skipped:
         ValueError: the line is not a record (no ``id``, or neither ``results`` nor ``skipped``).
     """
     if not isinstance(raw, dict) or "id" not in raw or not ("results" in raw or "skipped" in raw):
-        raise ValueError(f"not an evaluation record: {str(raw)[:80]}")
+        raise InputError(f"not an evaluation record: {str(raw)[:80]}")
     if "skipped" in raw:
         return Skipped(id=raw["id"], skipped=raw["skipped"])
     record = dict(raw)

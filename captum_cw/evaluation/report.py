@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from captum_cw.errors import InputError
 from captum_cw.evaluation.agreement import rank_agreement
 from captum_cw.evaluation.ranking import MODES, aopc as area_over_curve
 from captum_cw.evaluation.records import (
@@ -58,7 +59,7 @@ def _bin_keys(records: list[Record]) -> list[str]:
     keys = {tuple(sorted(by_bin, key=float)) for r in records for modes in r["results"].values()
             for by_bin in modes.values()}
     if len(keys) != 1:
-        raise ValueError(f"the records hold different bins ({' / '.join(', '.join(k) for k in sorted(keys))}); "
+        raise InputError(f"the records hold different bins ({' / '.join(', '.join(k) for k in sorted(keys))}); "
                          "they come from runs with other --bins and cannot be summarised together.")
     return list(keys.pop())
 
@@ -194,7 +195,7 @@ def summarize(records: list[Record], seed: int = 0, answers: Sequence[str] = ())
         return {"n_examples": 0, "bins": {}, "aopc": {}, "warnings": []}  # type: ignore[typeddict-item]
     kinds = {record_kind(r) for r in records}
     if len(kinds) > 1:
-        raise ValueError("the records mix multiple-choice and text examples; summarise one task at a time.")
+        raise InputError("the records mix multiple-choice and text examples; summarise one task at a time.")
     kind = kinds.pop()
     bins, aopc = _curves(records, seed)
     # paper_order and warnings, required, are set below, once the rest is there to judge

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from torch import Tensor, nn
 
 from captum_cw.architectures import find_attention_layers
+from captum_cw.errors import InputError
 
 __all__ = ["decoder_layers", "record_layer_output", "skip_layers_below"]
 
@@ -24,7 +25,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
                 blocks.append(model.get_submodule(".".join(parts[:cut])))
                 break
         else:
-            raise ValueError(f"no layer list holds {names[id(layer.attention)]}; cannot reuse clean activations.")
+            raise InputError(f"no layer list holds {names[id(layer.attention)]}; cannot reuse clean activations.")
     return blocks
 
 

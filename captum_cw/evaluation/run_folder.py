@@ -26,6 +26,7 @@ import transformers
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from captum_cw.errors import InputError
 from captum_cw.evaluation.records import Record, Skipped, parse_record
 from captum_cw.evaluation.sequences import encode
 from captum_cw.files import strict_json, write_atomically
@@ -103,7 +104,7 @@ def locked(out: Path) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
-            raise ValueError(f"{out} is in use by another run (process {holder} holds {out / '.lock'}); wait for "
+            raise InputError(f"{out} is in use by another run (process {holder} holds {out / '.lock'}); wait for "
                              "it to finish or use another --out.") from None
         handle.truncate(0)
         handle.write(str(os.getpid()))
@@ -144,7 +145,7 @@ def model_fingerprint(model: nn.Module) -> dict[str, Any]:
     """
     settings = getattr(model, "config", None)
     if not isinstance(settings, PretrainedConfig):
-        raise ValueError(f"{type(model).__name__} has no transformers configuration (model.config); the evaluation "
+        raise InputError(f"{type(model).__name__} has no transformers configuration (model.config); the evaluation "
                          "runs transformers models.")
     sampled, every = hashlib.sha256(), hashlib.sha256()
     for name, parameter in model.named_parameters():
@@ -223,7 +224,7 @@ def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = 
     if not read_records(out, include_skipped=True):
         return None
     if not path.exists():
-        raise ValueError(f"{out} holds records but no config.json to check them against; use another --out.")
+        raise InputError(f"{out} holds records but no config.json to check them against; use another --out.")
     stored = json.loads(path.read_text())
     filled = _filled(stored, defaults or {})
     unchecked = {"limit", "fingerprint", "sessions"}
@@ -232,10 +233,10 @@ def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = 
     keys = sorted((set(filled) | set(config)) - unchecked)
     changed = [key for key in keys if filled.get(key) != config.get(key)]
     if changed:
-        raise ValueError(f"{out} holds a run with another configuration ({', '.join(changed)} differ, see {path}); "
+        raise InputError(f"{out} holds a run with another configuration ({', '.join(changed)} differ, see {path}); "
                          "use another --out.")
     if not resume:
-        raise ValueError(f"{out} already holds results: pass --resume to continue them, or use another --out.")
+        raise InputError(f"{out} already holds results: pass --resume to continue them, or use another --out.")
     return stored
 
 
@@ -262,7 +263,7 @@ def check_data(out: Path, previous: dict | None, examples: Sequence[Example]) ->
     if now != before:
         found = (f"only {now['examples']} examples are left of the {before['examples']}"
                  if now["examples"] < before["examples"] else f"its first {before['examples']} examples differ")
-        raise ValueError(f"the data changed since {out} was started ({found}); use a new --out for the new data.")
+        raise InputError(f"the data changed since {out} was started ({found}); use a new --out for the new data.")
 
 
 def check_tokens(out: Path, previous: dict | None, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
@@ -277,7 +278,7 @@ def check_tokens(out: Path, previous: dict | None, examples: Sequence[Example], 
     if tokens_fingerprint(examples[: before["examples"]], tokenizer, max_tokens)["sha256"] != before["sha256"]:
         release = before.get("transformers")
         started = f"transformers {release} (pip install transformers=={release})" if release else "it"
-        raise ValueError(f"the tokenizer changed since {out} was started: its first {before['examples']} examples "
+        raise InputError(f"the tokenizer changed since {out} was started: its first {before['examples']} examples "
                          f"tokenize otherwise (another transformers release can convert a tokenizer otherwise); "
                          f"resume with the tokenizer it started with, under {started}, or use a new --out.")
 
@@ -307,7 +308,7 @@ def check_model(out: Path, previous: dict | None, fingerprint: dict[str, Any],
     if changed:
         named = [name for name in settings if name != "?"]
         detail = f" ({', '.join(named[:8])}{', ...' if len(named) > 8 else ''})" if named else ""
-        raise ValueError(f"the model's {' and '.join(changed)} changed{detail} since {out} was started; use a new "
+        raise InputError(f"the model's {' and '.join(changed)} changed{detail} since {out} was started; use a new "
                          "--out for the new model.")
 
 

@@ -61,19 +61,19 @@ class EvaluationConfig:
     def validate(self) -> None:
         r"""Raises a ValueError on the first setting that cannot run, before any data or model is loaded."""
         if self.task not in TASKS:
-            raise ValueError(f"Unknown task {self.task!r}; choose one of {', '.join(TASKS)}.")
+            raise InputError(f"Unknown task {self.task!r}; choose one of {', '.join(TASKS)}.")
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
                                        or self.limit < 1):
-            raise ValueError(f"limit must be a positive number of examples (None for all), got {self.limit!r}.")
+            raise InputError(f"limit must be a positive number of examples (None for all), got {self.limit!r}.")
         if self.sample not in SAMPLES:
             raise InputError(f"Unknown sample {self.sample!r}; choose one of {', '.join(SAMPLES)}.")
         if isinstance(self.sample_seed, bool) or not isinstance(self.sample_seed, int) or self.sample_seed < 0:
             raise InputError(f"sample_seed must be a non-negative integer, got {self.sample_seed!r}.")
         if self.max_tokens < 2:
-            raise ValueError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got "
+            raise InputError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got "
                              f"{self.max_tokens}.")
         if self.protocol.protocol == "input" and TASKS[self.task].kind == "text":
-            raise ValueError("the input-level protocol explains a prediction: use it on a multiple-choice task "
+            raise InputError("the input-level protocol explains a prediction: use it on a multiple-choice task "
                              "(mmlu, winogrande, boolq); text tasks take --protocol layer.")
         self.protocol.validate()
 
@@ -120,7 +120,7 @@ def evaluate(
     state = PartialState(cpu=not torch.cuda.is_available())  # CPU-only processes meet over gloo
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file; give a folder for the run's results.")
+        raise InputError(f"{out} is a file; give a folder for the run's results.")
     settings = json.loads(json.dumps(config.to_json()))  # tuples as the lists stored
     with ExitStack() as stack:
         previous = None

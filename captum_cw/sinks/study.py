@@ -12,6 +12,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from captum_cw.errors import InputError
 from captum_cw.files import write_json
 from captum_cw.models import readable_tokens
 from captum_cw.sinks.analysis import analyze_sinks, sink_norm_effect
@@ -44,10 +45,10 @@ def sink_study(
     changes of the heads' output norms and cosines to the semantic direction for the sink and the control.
     """
     if max_tokens < 2:
-        raise ValueError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got {max_tokens}.")
+        raise InputError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got {max_tokens}.")
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file; give a folder for the study's results.")
+        raise InputError(f"{out} is a file; give a folder for the study's results.")
     out.mkdir(parents=True, exist_ok=True)
     analyses, effects, token_lists, skipped = [], [], [], []
     for index, text in enumerate(tqdm(texts, desc="sinks", disable=not progress)):
@@ -60,7 +61,7 @@ def sink_study(
         effects.append(sink_norm_effect(model, ids, factor=factor, threshold=threshold))
         token_lists.append(readable_tokens(tokenizer, ids.tolist()))
     if not analyses:
-        raise ValueError(f"none of the {len(texts)} texts has the 2 tokens a sink study needs; give longer texts.")
+        raise InputError(f"none of the {len(texts)} texts has the 2 tokens a sink study needs; give longer texts.")
     summary = {**_summarize(analyses, effects, token_lists, threshold, factor), "skipped": skipped}
     write_json(out / "sinks.json", summary, indent=2)  # NaN (e.g. no interior rows) as null
     write_plots(analyses, effects, token_lists, out, threshold)

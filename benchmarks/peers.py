@@ -219,7 +219,9 @@ def examples_of(args) -> list[ContextExample]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="a bundled model's name or a local folder")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a bundled model's name or a local folder; several, comma-separated, run one after "
+                             "the other, each into OUT/MODEL")
     parser.add_argument("--tasks", default="who_lives_where,key_value,where_question,country_of_city,yes_no",
                         help="comma-separated captum_cw.tasks.context tasks")
     parser.add_argument("--n", type=int, default=60, help="examples per task (before keeping those answered)")
@@ -230,7 +232,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated; of {', '.join(METHODS)}")
     parser.add_argument("--reference", default="cw_mean", help="the method the sign tests compare against")
     parser.add_argument("--lds-ablations", type=int, default=32, help="random source ablations of the LDS (0: none)")
-    parser.add_argument("--out", required=True, help="folder of results.jsonl")
+    parser.add_argument("--out", required=True, help="folder of results.jsonl (of OUT/MODEL/ for several models)")
     parser.add_argument("--table", help="Markdown file whose section for this model is rewritten")
     parser.add_argument("--device", default=None)
     parser.add_argument("--report-only", action="store_true")
@@ -238,8 +240,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from captum_cw.models import load_model
-
     args = parse_args(argv)
     names = [m for m in args.methods.split(",") if m]
     unknown = [m for m in names if m not in METHODS]
@@ -249,19 +249,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     runnable = [m for m in names if m not in skipped]
     for name, reason in skipped.items():
         print(f"{name}: not run: {reason}", file=sys.stderr)
-    out = Path(args.out)
+    models = [m for m in args.model.split(",") if m]
+    for model_source in models:
+        out = Path(args.out) / Path(model_source).name if len(models) > 1 else Path(args.out)
+        run_model(model_source, out, runnable, args)
+        if args.table:
+            section = summary_table(read_results(out / "results.jsonl"), Path(model_source).name, names,
+                                    args.reference, skipped)
+            write_section(Path(args.table), section, Path(model_source).name)
+
+
+def run_model(model_source: str, out: Path, methods: Sequence[str], args: argparse.Namespace) -> None:
+    r"""Every example of ``args`` on one model, into ``out/results.jsonl`` (what is there already is skipped)."""
+    from captum_cw.models import load_model
+
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.jsonl"
-    model_name = Path(args.model).name
-    if not args.report_only:
-        model, tokenizer = load_model(args.model, device=args.device)
-        done = {(r["example"], r["method"]) for r in read_results(path)}
-        for example in examples_of(args):
-            run_example(model, tokenizer, example, runnable, done, args.lds_ablations, path, model_name)
-    if args.table:
-        section = summary_table(read_results(path), model_name, names, args.reference, skipped)
-        write_section(Path(args.table), section, model_name)
-
+    if args.report_only:
+        return
+    model, tokenizer = load_model(model_source, device=args.device)
+    done = {(r["example"], r["method"]) for r in read_results(path)}
+    for example in examples_of(args):
+        run_example(model, tokenizer, example, methods, done, args.lds_ablations, path, Path(model_source).name)
 
 if __name__ == "__main__":
     main()

@@ -251,3 +251,15 @@ def test_attnlrp_adapter_equals_lxt_patching_the_classes(family, monkeypatch):
     monkeypatch.setattr(model.config, "_attn_implementation", "eager")
     assert torch.allclose(adapted, relevance(), atol=1e-5)
     assert not torch.allclose(adapted, plain, atol=1e-3)  # the rules change the relevance
+
+
+def test_several_models_run_into_their_own_folders_and_sections(smollm2, tmp_path, monkeypatch):
+    loaded = []
+    monkeypatch.setattr("captum_cw.models.load_model", lambda name, **kwargs: loaded.append(name) or smollm2)
+    table = tmp_path / "PEERS.md"
+    peers.main(["--model", "smollm2-135m,other-model", "--tasks", "who_lives_where", "--n", "3", "--methods",
+                "random", "--lds-ablations", "0", "--out", str(tmp_path), "--table", str(table)])
+    assert loaded == ["smollm2-135m", "other-model"]
+    for name in loaded:
+        assert (tmp_path / name / "results.jsonl").exists()
+        assert table.read_text().count(f"<!-- peers:{name} -->") == 1

@@ -1,0 +1,153 @@
+"""The registry of compared methods: a name -> how it scores one example's context, at token or source level.
+
+A method is ``fn(model, tokenizer, encoded) -> (scores, forwards)``: ``scores`` is ``(n,)`` over the prompt's
+positions (token level; only the context's are read) or ``(sources,)`` (source level), ``forwards`` the model
+passes it ran (a backward counts as one more). Adding a method is one :func:`register` call, e.g. the
+target-aware contribution weights::
+
+    register(PeerMethod("cw_target", my_function, "token"))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from captum_cw import TokenContributions
+
+from .encoding import EncodedExample
+
+__all__ = ["METHODS", "PeerMethod", "register", "unavailable"]
+
+Scorer = Callable[[nn.Module, object, EncodedExample], tuple[np.ndarray, int]]
+
+
+@dataclass(frozen=True)
+class PeerMethod:
+    r"""
+    A compared method.
+
+    Attributes:
+        name (str): its registry name.
+        score (callable): ``(model, tokenizer, encoded) -> (scores, forwards)``.
+        level (str): ``"token"`` or ``"source"``.
+        needs (tuple[str, ...]): modules it imports (an optional peer); absent ones skip it with a reason.
+    """
+
+    name: str
+    score: Scorer
+    level: str = "token"
+    needs: tuple[str, ...] = ()
+
+
+METHODS: dict[str, PeerMethod] = {}
+
+
+def register(method: PeerMethod) -> PeerMethod:
+    r"""Adds ``method`` to :data:`METHODS` (a name already there is replaced)."""
+    METHODS[method.name] = method
+    return method
+
+
+def unavailable(method: PeerMethod) -> str | None:
+    r"""Why ``method`` cannot run here (a missing optional peer), or None."""
+    missing = [module for module in method.needs if importlib.util.find_spec(module) is None]
+    if missing:
+        return f"not installed: {', '.join(missing)} (pip install -e .[peers], see docs/PEERS.md)"
+    return None
+
+
+_EXPLAINERS: dict[tuple[int, str, str], TokenContributions] = {}
+
+
+def token_contributions(metric: str, layer_aggregation: str) -> Scorer:
+    r"""A scorer of :class:`captum_cw.TokenContributions` at the last position (one explainer per model)."""
+    def score(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
+        key = (id(model), metric, layer_aggregation)
+        if key not in _EXPLAINERS:
+            _EXPLAINERS[key] = TokenContributions(model, metric=metric, layer_aggregation=layer_aggregation)
+        device = next(model.parameters()).device
+        row = _EXPLAINERS[key].attribute(encoded.input_ids.to(device))[0]  # [n]
+        return row.detach().double().cpu().numpy(), 1
+    return score
+
+
+def _seed(encoded: EncodedExample) -> int:
+    return int.from_bytes(hashlib.sha256(encoded.example.id.encode()).digest()[:4], "little")
+
+
+def random_scores(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
+    r"""Uniform random scores, seeded by the example's id (the same on every run)."""
+    return np.random.default_rng(_seed(encoded)).random(encoded.n), 0
+
+
+def answer_copy(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
+    r"""The trivial baseline: 1 on the tokens of the in-context copy of the answer, 0 elsewhere."""
+    scores = np.zeros(encoded.n)
+    scores[encoded.copy] = 1.0
+    return scores, 0
+
+
+def _logprob_of(model: nn.Module, target: int) -> Callable[..., torch.Tensor]:
+    def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -1]  # [batch, vocab]
+        return logits.float().log_softmax(-1)[:, target]  # [batch]
+    return forward
+
+
+def feature_ablation(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
+    r"""
+    Captum's FeatureAblation over the context tokens, one at a time, each ablated by attention mask 0 (the
+    token stays in place, with its position, but no query reads it); the drop in the target log-probability.
+    """
+    from captum.attr import FeatureAblation
+
+    device = next(model.parameters()).device
+    ids = encoded.input_ids.to(device)  # [1, n]
+    context = torch.tensor(encoded.context, device=device)
+    forward = _logprob_of(model, encoded.target)
+
+    def masked(context_mask: torch.Tensor) -> torch.Tensor:  # [batch, c] 1 kept, 0 ablated
+        mask = torch.ones(context_mask.shape[0], ids.shape[1], dtype=torch.long, device=device)
+        mask[:, context] = context_mask.long()
+        return forward(ids.expand(len(mask), -1), mask)
+
+    with torch.no_grad():
+        ones = torch.ones(1, len(context), device=device)
+        scores = FeatureAblation(masked).attribute(ones, baselines=0.0, perturbations_per_eval=16)[0]  # [c]
+    result = np.zeros(encoded.n)
+    result[encoded.context] = scores.double().cpu().numpy()
+    return result, len(encoded.context) + 1
+
+
+def integrated_gradients(model: nn.Module, tokenizer, encoded: EncodedExample, steps: int = 50) -> tuple[
+        np.ndarray, int]:
+    r"""
+    Captum's LayerIntegratedGradients on the input embeddings, ``steps`` steps, the baseline the pad token's
+    embedding on the context tokens (the rest of the prompt as it is); attributions summed over the hidden size.
+    """
+    from captum.attr import LayerIntegratedGradients
+
+    device = next(model.parameters()).device
+    ids = encoded.input_ids.to(device)  # [1, n]
+    baseline = ids.clone()
+    baseline[0, encoded.context] = tokenizer.pad_token_id
+    explainer = LayerIntegratedGradients(_logprob_of(model, encoded.target), model.get_input_embeddings())
+    scores = explainer.attribute(ids, baselines=baseline, n_steps=steps, internal_batch_size=steps)  # [1, n, d]
+    return scores[0].sum(-1).detach().double().cpu().numpy(), 2 * steps
+
+
+for _name, _metric, _aggregation in (("cw_mean", "cw_inter", "mean"), ("cw_last", "cw_inter", "last"),
+                                     ("cw_rollout", "cw_inter", "rollout"), ("cw_intra_mean", "cw_intra", "mean"),
+                                     ("attention_mean", "attention", "mean"), ("attention_last", "attention", "last")):
+    register(PeerMethod(_name, token_contributions(_metric, _aggregation)))
+register(PeerMethod("random", random_scores))
+register(PeerMethod("answer_copy", answer_copy))
+register(PeerMethod("feature_ablation", feature_ablation))
+register(PeerMethod("integrated_gradients", integrated_gradients))

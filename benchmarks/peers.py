@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -93,13 +94,13 @@ def read_results(path: Path) -> list[dict]:
 
 
 def run_example(model, tokenizer, example: ContextExample, methods: Sequence[str], done: set[tuple[str, str]],
-                lds_count: int, path: Path, model_name: str) -> None:
+                lds_count: int, path: Path, model_name: str, style: str = "plain") -> None:
     r"""Scores and measures every method of ``methods`` not yet done on ``example``, one record each; an example
     the model gets wrong gets one ``"answered"`` record with ``correct: false``."""
-    encoded = encode_example(tokenizer, example)
+    encoded = encode_example(tokenizer, example, style)
     choice, forward_seconds = answered(model, encoded)
     if example.task == "boolq":  # the model's own answer is the target
-        encoded = encode_example(tokenizer, with_answer(example, example.candidates[choice]))
+        encoded = encode_example(tokenizer, with_answer(example, example.candidates[choice]), style)
     base = {"model": model_name, "example": example.id, "task": example.task, "copy": example.copy}
     correct = encoded.candidates[choice] == encoded.target
     if (example.id, "answered") not in done:
@@ -210,8 +211,11 @@ def write_section(path: Path, section: str, model_name: str) -> None:
 
 
 def examples_of(args) -> list[ContextExample]:
-    examples = [e for task in args.tasks.split(",") if task
-                for e in context_examples(task, args.n, args.seed, args.distractors)]
+    r"""The examples of ``--tasks`` (``task`` or ``task:distractors``), then BoolQ's."""
+    examples = []
+    for spec in filter(None, args.tasks.split(",")):
+        task, _, distractors = spec.partition(":")
+        examples += context_examples(task, args.n, args.seed, int(distractors) if distractors else args.distractors)
     if args.boolq_data:
         examples += boolq_examples(args.boolq_data, args.boolq_n)
     return examples
@@ -225,7 +229,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks", default="who_lives_where,key_value,where_question,country_of_city,yes_no",
                         help="comma-separated captum_cw.tasks.context tasks")
     parser.add_argument("--n", type=int, default=60, help="examples per task (before keeping those answered)")
-    parser.add_argument("--distractors", type=int, default=2)
+    parser.add_argument("--distractors", type=int, default=2,
+                        help="sources besides the evidence, for tasks given without ':N' in --tasks")
+    parser.add_argument("--style", default="plain", choices=["plain", "facts", "chat", "auto"],
+                        help="prompt style (captum_cw.tasks.context.PROMPT_STYLES); auto: chat where the tokenizer "
+                             "has a chat template, else facts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--boolq-data", help="BoolQ JSONL (question, passage, answer)")
     parser.add_argument("--boolq-n", type=int, default=60)
@@ -259,6 +267,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             write_section(Path(args.table), section, Path(model_source).name)
 
 
+def check_settings(out: Path, settings: dict) -> None:
+    r"""Keeps the settings that decide what an example id means (its prompt style, the generator's seed) in
+    ``out/settings.json``, and refuses to add results made under other settings to a folder."""
+    path = out / "settings.json"
+    if path.exists():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if stored != settings:
+            raise SystemExit(f"{out} holds results made with {stored}, not {settings}; use another --out.")
+    else:
+        path.write_text(json.dumps(settings) + "\n", encoding="utf-8")
+
+
 def run_model(model_source: str, out: Path, methods: Sequence[str], args: argparse.Namespace) -> None:
     r"""Every example of ``args`` on one model, into ``out/results.jsonl`` (what is there already is skipped)."""
     from captum_cw.models import load_model
@@ -268,9 +288,12 @@ def run_model(model_source: str, out: Path, methods: Sequence[str], args: argpar
     if args.report_only:
         return
     model, tokenizer = load_model(model_source, device=args.device)
+    style = args.style if args.style != "auto" else ("chat" if getattr(tokenizer, "chat_template", None) else "facts")
+    check_settings(out, {"style": style, "seed": args.seed})
     done = {(r["example"], r["method"]) for r in read_results(path)}
-    for example in examples_of(args):
-        run_example(model, tokenizer, example, methods, done, args.lds_ablations, path, Path(model_source).name)
+    for example in tqdm(examples_of(args), desc=f"{Path(model_source).name} ({style})"):
+        run_example(model, tokenizer, example, methods, done, args.lds_ablations, path, Path(model_source).name,
+                    style)
 
 if __name__ == "__main__":
     main()

@@ -95,10 +95,14 @@ def test_bad_positions(position, message):
         TokenContributions(model).attribute(ids, attention_mask=mask, position=position)
 
 
-def test_target_is_explained_not_a_type_error():
+def test_a_target_under_right_padding_equals_each_unpadded_run():
     _, model, ids, mask = _right_padded_llama()
-    with pytest.raises(ValueError, match="has no target.*position="):
-        TokenContributions(model).attribute(ids, target=1, attention_mask=mask)
+    scores = TokenContributions(model).attribute(ids, target=[1, 2], attention_mask=mask)
+    for b, target in enumerate([1, 2]):
+        real = mask[b].bool()
+        alone = TokenContributions(model).attribute(ids[b, real][None], target=target)
+        torch.testing.assert_close(scores[b, real], alone[0], atol=1e-6, rtol=1e-4)
+        assert bool((scores[b, ~real] == 0).all())
 
 
 def test_tuple_inputs_give_a_tuple_and_bad_options_are_refused():

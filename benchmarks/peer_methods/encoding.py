@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from captum_cw.tasks.context import ContextExample
+from captum_cw.tasks.context import ContextExample, prompt_text
 
 __all__ = ["EncodedExample", "boolq_examples", "encode_example", "first_token", "with_answer"]
 
@@ -69,23 +69,28 @@ def _positions_in(offsets: list[tuple[int, int]], prompt: str, spans: list[tuple
     return found
 
 
-def encode_example(tokenizer, example: ContextExample) -> EncodedExample:
+def encode_example(tokenizer, example: ContextExample, style: str = "plain") -> EncodedExample:
     r"""
-    Tokenizes ``example.prompt`` (plain text, the tokenizer's special tokens added) and maps its sources, evidence
-    and answer copy onto token positions through the offsets mapping.
+    Tokenizes the example's prompt in a style (``captum_cw.tasks.context.prompt_text``: ``"plain"``, ``"facts"``
+    or ``"chat"``; special tokens added, or the chat template's own) and maps its sources, evidence and answer
+    copy onto token positions through the offsets mapping.
 
     Args:
         tokenizer: a fast tokenizer (offsets mappings).
         example (ContextExample): the example.
+        style (str, optional): the prompt style. Default: ``"plain"``
     Returns:
         :class:`EncodedExample`.
     """
-    prompt = example.prompt
-    encoding = tokenizer(prompt, return_offsets_mapping=True)
+    prompt, spans, templated = prompt_text(example, tokenizer, style)
+    encoding = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=not templated)
     offsets = [tuple(pair) for pair in encoding["offset_mapping"]]
-    sources = [_positions_in(offsets, prompt, [span]) for span in example.source_spans()]
+    sources = [_positions_in(offsets, prompt, [span]) for span in spans]
     evidence = sources[example.evidence] if example.evidence >= 0 else []
-    copy = _positions_in(offsets, prompt, example.answer_spans()) if example.copy else []
+    word = example.answer.strip()
+    copies = [(start + found.start(), start + found.end()) for start, end in spans
+              for found in re.finditer(re.escape(word), prompt[start:end])] if example.copy else []
+    copy = _positions_in(offsets, prompt, copies)
     return EncodedExample(example, torch.tensor([encoding["input_ids"]]), sorted(p for s in sources for p in s),
                           sources, evidence, copy, first_token(tokenizer, example.answer),
                           [first_token(tokenizer, c) for c in example.candidates])

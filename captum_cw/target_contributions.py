@@ -159,8 +159,13 @@ def target_scores(
         with capture_attention(model, [layer.attention for layer in layers], keep_values):
             output = scan_geometry(model, layers, model_inputs, positional, wanted, keep_geometry,
                                    chunk_size=len(wanted), verify=verify, grad=True)
+        logits = getattr(output, "logits", None)
+        if not isinstance(logits, Tensor):
+            raise UnsupportedSetupError(f"{type(model).__name__} returns no logits, so a target has nothing to be "
+                                        "read from: use a model with a language-modelling or classification head "
+                                        "(e.g. AutoModelForCausalLM), or leave target out.")
         with torch.enable_grad():
-            objective = _target_objective(output.logits, positions, targets)
+            objective = _target_objective(logits, positions, targets)
         differentiated = [projected[k] for k in range(len(layers))]
         if rows == "all":
             differentiated += [values[k] for k in range(len(layers))]

@@ -194,3 +194,12 @@ def test_sinks_are_the_tokens_that_take_most_of_the_explained_rows_attention():
         scores = TokenContributions(model, exclude="sinks").attribute(ids, target=target)
         plain = TokenContributions(model).attribute(ids, target=target)
         torch.testing.assert_close(scores[0], torch.where(sinks, 0.0, plain[0]))
+
+
+def test_a_model_without_logits_has_no_target():
+    from captum_cw.errors import UnsupportedSetupError
+
+    model = FAMILIES["bert"].build()  # a BertModel: hidden states, no head
+    ids, mask = example_inputs(FAMILIES["bert"])
+    with pytest.raises(UnsupportedSetupError, match="returns no logits"):
+        TokenContributions(model).attribute(ids, attention_mask=mask, target=1)

@@ -25,6 +25,7 @@ from captum_cw.files import write_atomically
 from captum_cw.scan import prepare_inputs
 from captum_cw.selection import select_indices
 from captum_cw.target_contributions import TARGET_ROWS, target_scores
+from captum_cw.tasks.context import token_sources
 
 __all__ = ["SourceAttribution", "SourceContributions"]
 
@@ -185,7 +186,7 @@ class SourceContributions:
         text, spans = self._prompt(texts, query)
         encoded = self.tokenizer(text, return_offsets_mapping=True, add_special_tokens=not self.chat)
         prompt_ids = list(encoded["input_ids"])
-        source_of = [_source_of(start, end, text, spans) for start, end in encoded["offset_mapping"]]
+        source_of = token_sources(text, [tuple(pair) for pair in encoded["offset_mapping"]], spans)
         response_ids = self._response_ids(prompt_ids, response, max_new_tokens)
         ids = torch.tensor([prompt_ids + response_ids], device=next(self.model.parameters()).device)
         positions = torch.arange(len(prompt_ids) - 1, ids.shape[1] - 1)[None]  # the rows that predict the response
@@ -225,10 +226,3 @@ class SourceContributions:
         if not ids:
             raise InputError("the model generated no response (it ended at once); pass the response to explain.")
         return ids
-
-
-def _source_of(start: int, end: int, text: str, spans: list[tuple[int, int]]) -> int:
-    r"""The source whose span holds a token's characters (whitespace around it ignored), or -1."""
-    piece = text[start:end]
-    start, end = start + len(piece) - len(piece.lstrip()), end - len(piece) + len(piece.rstrip())
-    return next((k for k, (s, e) in enumerate(spans) if end > start and s <= start and end <= e), -1)

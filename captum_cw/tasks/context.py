@@ -24,7 +24,7 @@ from typing import Any
 from captum_cw.errors import InputError
 
 __all__ = ["CONTEXT_TASKS", "PROMPT_STYLES", "ContextExample", "ContextTask", "EncodedContext", "context_examples",
-           "encode_context", "prompt_text"]
+           "encode_context", "prompt_text", "token_sources"]
 
 PROMPT_STYLES = ("plain", "facts", "chat")
 r"""How a context example becomes a prompt: ``"plain"`` (the sources, then the question), ``"facts"`` (``Facts:``,
@@ -278,12 +278,7 @@ def encode_context(example: ContextExample, tokenizer: Any, style: str = "plain"
     text, spans, templated = prompt_text(example, tokenizer, style)
     encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=not templated)
     ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
-    source_of = []
-    for start, end in offsets:
-        piece = text[start:end]
-        start, end = start + len(piece) - len(piece.lstrip()), end - len(piece) + len(piece.rstrip())
-        inside = [k for k, (s, e) in enumerate(spans) if end > start and s <= start and end <= e]
-        source_of.append(inside[0] if inside else -1)
+    source_of = token_sources(text, offsets, spans)
     word = example.answer.strip()
     copies = [(spans[example.evidence][0] + found, spans[example.evidence][0] + found + len(word))
               for found in _find_all(text[slice(*spans[example.evidence])], word)]
@@ -291,6 +286,17 @@ def encode_context(example: ContextExample, tokenizer: Any, style: str = "plain"
                    if end > start and any(s < end and start < e for s, e in copies)]
     evidence = [position for position, source in enumerate(source_of) if source == example.evidence]
     return EncodedContext(ids, source_of, evidence, answer_copy, text)
+
+
+def token_sources(text: str, offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    r"""For each token (its character offsets in ``text``), the index of the span that holds its characters
+    (whitespace around them ignored), or -1: which source each token belongs to."""
+    found = []
+    for start, end in offsets:
+        piece = text[start:end]
+        start, end = start + len(piece) - len(piece.lstrip()), end - len(piece) + len(piece.rstrip())
+        found.append(next((k for k, (s, e) in enumerate(spans) if end > start and s <= start and end <= e), -1))
+    return found
 
 
 def _find_all(text: str, word: str) -> list[int]:

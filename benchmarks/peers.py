@@ -200,9 +200,10 @@ def summary_table(records: list[dict], model_name: str, methods: Sequence[str], 
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str, model_name: str) -> None:
-    r"""Replaces ``model_name``'s section of ``path`` (appends it where absent); the rest is kept."""
-    start, end = f"<!-- peers:{model_name} -->", f"<!-- /peers:{model_name} -->"
+def write_section(path: Path, section: str, model_name: str, marker: str = "peers") -> None:
+    r"""Replaces ``model_name``'s section of ``path``, between ``<!-- marker:model_name -->`` and its closing
+    comment (appends it where absent); the rest is kept."""
+    start, end = f"<!-- {marker}:{model_name} -->", f"<!-- /{marker}:{model_name} -->"
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     if start in text and end in text:
         text = text[:text.index(start)] + section.rstrip("\n") + text[text.index(end) + len(end):]

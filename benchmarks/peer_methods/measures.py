@@ -15,7 +15,7 @@ from torch import nn
 
 from .encoding import EncodedExample
 
-__all__ = ["KS", "lds_ablations", "measure", "source_scores", "spearman", "target_logprobs"]
+__all__ = ["KS", "lds_ablations", "measure", "source_scores", "spearman", "target_logprobs", "tied_top_share"]
 
 KS = (1, 3, 5)  # comp@k and suff@k: tokens removed or kept
 
@@ -54,7 +54,7 @@ def source_scores(encoded: EncodedExample, scores: np.ndarray, level: str) -> np
     return np.array([float(np.sum(scores[positions])) for positions in encoded.sources])
 
 
-def _tied_top_share(values: np.ndarray, good: np.ndarray) -> float:
+def tied_top_share(values: np.ndarray, good: np.ndarray) -> float:
     r"""The share of ``good`` among the top-scoring items, ties included: pointing under random tie-breaking."""
     top = values == values.max()
     return float((top & good).sum() / top.sum())
@@ -117,12 +117,12 @@ def measure(model: nn.Module, encoded: EncodedExample, scores: np.ndarray, level
     if evidence_known:
         if level == "source":
             is_evidence = np.arange(len(per_source)) == encoded.example.evidence
-            result["pointing"] = _tied_top_share(per_source, is_evidence)
+            result["pointing"] = tied_top_share(per_source, is_evidence)
             positive = np.clip(per_source, 0, None)
         else:
             context = np.asarray(encoded.context)
             is_evidence = np.isin(context, encoded.evidence)
-            result["pointing"] = _tied_top_share(scores[context], is_evidence)
+            result["pointing"] = tied_top_share(scores[context], is_evidence)
             positive = np.clip(scores[context], 0, None)
         result["evidence_mass"] = float(positive[is_evidence].sum() / positive.sum()) if positive.sum() > 0 else None
     rows, names = [], []

@@ -27,6 +27,8 @@ def _integer_tensor(given: object, name: str) -> Tensor:
         values = torch.as_tensor(given)
     except (TypeError, ValueError, RuntimeError):
         raise InputError(f"{name} must be int positions, got {given!r}; pass e.g. [-1] for the last row.") from None
+    if values.numel() == 0:
+        raise InputError(f"{name} is empty; pass at least one position, or None for all.")
     if values.dtype == torch.bool or values.is_floating_point() or values.is_complex():
         raise InputError(f"{name} must be integer positions, got {values.dtype} {given!r}; pass e.g. [-1] for the "
                          "last row.")
@@ -69,8 +71,6 @@ class Positions:
         if positions is None:
             return cls(None, name=name, allow_padding=allow_padding)
         given = _integer_tensor(positions, name).flatten()
-        if given.numel() == 0:
-            raise InputError(f"{name} is empty; pass at least one position, or None for all.")
         if len(given.unique()) != len(given):
             raise InputError(f"{name} {positions!r} names a position twice; pass each position once.")
         return cls(given, name=name, allow_padding=allow_padding)

@@ -158,7 +158,8 @@ def target_scores(
     embedding_hook = _requiring_grad(model, model_inputs)
     try:
         with capture_attention(model, [layer.attention for layer in layers], keep_values):
-            output = scan_geometry(model, layers, model_inputs, positional, Positions.shared(wanted), keep_geometry,
+            explained_rows = Positions.shared(wanted, allow_padding=True)  # each example reads its own among them
+            output = scan_geometry(model, layers, model_inputs, positional, explained_rows, keep_geometry,
                                    chunk_size=len(wanted), verify=verify, grad=True)
         logits = getattr(output, "logits", None)
         if not isinstance(logits, Tensor):

@@ -13,22 +13,23 @@ from torch import Tensor, nn
 from captum_cw.architectures import AttentionLayer, find_attention_layers
 from captum_cw.errors import (
     InputError,
-    UnsupportedArchitectureError,
     UnsupportedArgumentError,
     UnsupportedSetupError,
     refuse_captum_arguments,
     refuse_noisy_token_ids,
     require_model,
 )
-from captum_cw.geometry import HeadGeometry
 from captum_cw.metrics import METRICS, Metric, get_metric
-from captum_cw.scan import (
-    ModelInputs,
-    check_inputs,
-    prepare_inputs,
-    refuse_padded_positions,
-    resolve_positions,
-    scan_geometry,
+from captum_cw.positions import Positions
+from captum_cw.scan import untuple
+from captum_cw.scoring import (
+    ContributionFactors,
+    Scope,
+    Scores,
+    convergence_delta,
+    prepare_call,
+    score_factors,
+    score_metrics,
 )
 from captum_cw.selection import select_indices
 
@@ -43,15 +44,6 @@ __all__ = [
     "ContributionFactors",
     "attributor_for",
 ]
-
-class ContributionFactors(NamedTuple):
-    r"""The three factors of ``cw = attention * relative_norm * cosine``, each
-    ``(batch, n_layers, n_heads, n_query, n_key)``."""
-
-    attention: Tensor
-    relative_norm: Tensor
-    cosine: Tensor
-
 
 def _count_heads(layer: AttentionLayer) -> int:
     module = layer.attention
@@ -149,116 +141,38 @@ class MetricAttribution(Attribution):
         return self.metric.row_totals is not None
 
     @property
-    def _input_device(self) -> torch.device:
-        return next(self.model.parameters()).device
+    def scope(self) -> Scope:
+        r"""The selected layers and heads and how their rows are computed, as :mod:`captum_cw.scoring` takes them."""
+        return Scope(tuple(self.attention_layers[index] for index in self.layers), tuple(self.layers),
+                     tuple(self.heads), self.chunk_size, self.verify)
 
-    def _prepare(self, inputs, attention_mask, additional_forward_args, query_positions, padded_rows=False):
-        r"""The model call, its inputs checked and ``query_positions`` validated, before any forward pass;
-        positions on padding are refused unless ``padded_rows`` (callers that pick rows per example)."""
-        model_inputs, positional = prepare_inputs(self.model, inputs, attention_mask, additional_forward_args,
-                                                  self._input_device)
-        check_inputs(self.model, model_inputs, positional)
-        if model_inputs.is_text:
-            resolve_positions(query_positions, model_inputs.main.shape[1])
-            if not padded_rows:
-                refuse_padded_positions(query_positions, model_inputs.padding_mask)
-        return model_inputs, positional
-
-    def _scan(
+    def score(
         self,
-        model_inputs: ModelInputs,
-        positional: tuple[Any, ...],
-        query_positions: Sequence[int] | Tensor | None,
-        on_chunk,
-    ) -> Any:
-        layers = [self.attention_layers[index] for index in self.layers]
-        seen: set[int] = set()
-
-        def record(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
-            seen.add(k)
-            on_chunk(k, rows, geometry)
-
-        output = scan_geometry(self.model, layers, model_inputs, positional, query_positions, record, self.chunk_size,
-                               self.verify)
-        if len(seen) != len(layers):
-            missing = [self.layers[k] for k in range(len(layers)) if k not in seen]
-            raise UnsupportedArchitectureError(
-                f"Layers {missing} ran no attention through transformers' attention interface in this forward pass, "
-                "so no attention weights could be captured. Their attention module is not called by the model's "
-                "forward with these inputs (e.g. a custom forward that skips layers)."
-            )
-        return output
-
-    def _selected_heads(self, per_head: Tensor) -> Tensor:
-        r"""The selected heads of ``(batch, head, row, ...)`` values; no copy when all are selected in order."""
-        if self.heads == list(range(per_head.shape[1])):
-            return per_head
-        return per_head.index_select(1, torch.tensor(self.heads, device=per_head.device))
-
-    @staticmethod
-    def _reduce_heads(per_head: Tensor, metric: Metric) -> Tensor:
-        r"""Aggregates the head dimension of ``(batch, head, row, ...)`` as the metric does (sum or mean)."""
-        return per_head.sum(1) if metric.head_reduction == "sum" else per_head.mean(1)
-
-    def _scan_metrics(
-        self,
-        model_inputs: ModelInputs,
-        positional: tuple[Any, ...],
-        query_positions: Sequence[int] | Tensor | None,
-        per_head: bool,
-        metrics: Sequence[Metric],
+        inputs: Tensor | Mapping[str, Any],
+        attention_mask: Tensor | None = None,
+        additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
+        query_positions: Positions | Sequence[int] | Tensor | None = None,
+        metrics: Sequence[Metric] | None = None,
+        *,
+        per_head: bool = False,
         scores: bool = True,
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor], Any]:
+    ) -> Scores:
         r"""
-        One forward pass for several metrics: their scores (if ``scores``) and, for those
-        with a completeness identity, what each returned row must sum to, both shaped
-        as :meth:`attribute` returns them (``(batch, n_layers, [n_heads,] n_query[, n_key])``).
+        The scoring core's result for these inputs (:func:`captum_cw.scoring.score_metrics`): the scores of
+        ``metrics`` (default: this attributor's metric), what their rows must sum to and the model's output, from
+        one forward pass.
 
+        Args:
+            query_positions (Positions, Sequence[int] or Tensor, optional): as :meth:`attribute` takes them, or a
+                        :class:`~captum_cw.positions.Positions` (e.g. one row per example).
+            Others: as :meth:`attribute`; ``scores=False`` computes the expected row sums only.
         Returns:
-            ``(scores by metric, expected row sums by metric, model output)``.
+            :class:`~captum_cw.scoring.Scores`.
         """
-        device = model_inputs.main.device
-        found: dict[str, Tensor] = {}
-        expected: dict[str, Tensor] = {}
-        slot_of_row: dict[str, Tensor] = {}  # filled on the first chunk, once n is known
-
-        def store(into: dict[str, Tensor], name: str, k: int, slots: Tensor, values: Tensor) -> None:
-            r"""Writes ``values`` ``(batch, [head,] row[, key])`` of layer ``k`` into their rows."""
-            row_dim = -2 if into is found else -1
-            if name not in into:
-                shape = list(values.shape)
-                shape[row_dim] = int((slot_of_row["slots"] >= 0).sum())
-                into[name] = torch.zeros((shape[0], len(self.layers), *shape[1:]), device=device)
-            into[name][:, k].index_copy_(row_dim, slots, values.to(device, torch.float32))
-
-        def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
-            if not slot_of_row:
-                n = geometry.alpha.shape[-1]
-                wanted = resolve_positions(query_positions, n).to(device)
-                slot_of_row["slots"] = torch.full((n,), -1, dtype=torch.long, device=device)
-                slot_of_row["slots"][wanted] = torch.arange(len(wanted), device=device)
-            slots = slot_of_row["slots"][rows.to(device)]
-            for metric in metrics:
-                if metric.row_totals is not None:
-                    totals = self._selected_heads(metric.row_totals(geometry))  # [batch, head, row]
-                    store(expected, metric.name, k, slots, totals if per_head else self._reduce_heads(totals, metric))
-                if scores:
-                    values = self._selected_heads(metric.per_head(geometry))  # [batch, head, row, key]
-                    store(found, metric.name, k, slots, values if per_head else self._reduce_heads(values, metric))
-
-        output = self._scan(model_inputs, positional, query_positions, on_chunk)
-        for name, values in found.items():
-            finite = values.isfinite().flatten(2).all(-1).all(0)  # [n_layers]
-            if not bool(finite.all()):
-                layer = self.layers[int((~finite).nonzero()[0])]
-                raise InputError(f"{name} scores at layer {layer} are NaN or inf: the model's own attention there is "
-                                 "not finite on these inputs (run model(...) alone to see it). No scores returned.")
-        return found, expected, output
-
-    @staticmethod
-    def _delta(attributions: Tensor, expected: Tensor) -> Tensor:
-        r"""Largest ``|row sum - expected row sum|`` per example: ``(batch,)``."""
-        return (attributions.sum(-1) - expected).abs().flatten(1).amax(1)
+        call = prepare_call(self.model, inputs, attention_mask, additional_forward_args,
+                            Positions.shared(query_positions))
+        return score_metrics(self.model, self.scope, call, [self.metric] if metrics is None else metrics,
+                             per_head=per_head, scores=scores)
 
     @overload
     def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
@@ -306,10 +220,13 @@ class MetricAttribution(Attribution):
                         is the attention mask. Cached keys are refused.
                         Default: None
             query_positions (Sequence[int] or Tensor, optional): the query rows to
-                        attribute (negative counts from the end). Only these rows
-                        are computed, in chunks, so attributing the last position
-                        of a long input costs O(n) memory per head. A position
-                        that is padding in some example is refused.
+                        attribute (:class:`~captum_cw.positions.Positions`: ``p >= 0``
+                        indexes the padded row, ``p < 0`` counts back from each
+                        example's last real token, so ``[-1]`` is every example's
+                        last real token under left or right padding). Only these
+                        rows are computed, in chunks, so attributing the last
+                        position of a long input costs O(n) memory per head. A
+                        position that is padding in some example is refused.
                         Default: None (all n rows)
             per_head (bool, optional): keep the head dimension instead of
                         aggregating the selected heads (sum for inter-head
@@ -353,7 +270,7 @@ class MetricAttribution(Attribution):
                 f"{type(self).__name__} has no completeness identity (its rows do not sum to 1), so it has no "
                 "convergence delta; call attribute() with return_convergence_delta=False."
             )
-        is_tuple, main = _untuple(inputs)
+        is_tuple, main = untuple(inputs)
         scores, delta, _ = self.attribute_with_output(
             main, attention_mask, additional_forward_args, query_positions, per_head
         )
@@ -384,19 +301,17 @@ class MetricAttribution(Attribution):
         if not self.has_convergence_delta():
             raise UnsupportedSetupError(f"{type(self).__name__} has no completeness identity, so it has no "
                                         "convergence delta; use ContributionWeights or AttentionWeights for one.")
-        scores: Tensor = _untuple(attributions)[1]
-        main = _untuple(inputs)[1]
+        scores: Tensor = untuple(attributions)[1]
+        main = untuple(inputs)[1]
         if scores.dim() not in (4, 5):
             raise InputError(f"attributions must be (batch, n_layers, [n_heads,] n_query, n_key) as attribute() "
                              f"returns them, got shape {tuple(scores.shape)}.")
-        model_inputs, positional = self._prepare(main, attention_mask, additional_forward_args, query_positions)
-        _, expected_by_metric, _ = self._scan_metrics(model_inputs, positional, query_positions,
-                                                      scores.dim() == 5, [self.metric], scores=False)
-        expected = expected_by_metric[self.metric.name]
+        expected = self.score(main, attention_mask, additional_forward_args, query_positions,
+                              per_head=scores.dim() == 5, scores=False).expected[self.metric.name]
         if expected.shape != scores.shape[:-1]:
             raise InputError(f"attributions have shape {tuple(scores.shape)} but these inputs and selections "
                              f"give rows {tuple(expected.shape)}; pass the arguments attribute() was called with.")
-        return self._delta(scores.to(expected.device, torch.float32), expected)
+        return convergence_delta(scores.to(expected.device, torch.float32), expected)
 
     def attribute_with_output(
         self,
@@ -415,37 +330,10 @@ class MetricAttribution(Attribution):
             ``(attributions, delta, model_output)``.
         """
         refuse_noisy_token_ids(self.model, inputs, f"{type(self).__name__}.attribute")
-        return self._rows_with_output(inputs, attention_mask, additional_forward_args, query_positions, per_head)
-
-    def _rows_with_output(
-        self,
-        inputs: Tensor | Mapping[str, Any],
-        attention_mask: Tensor | None,
-        additional_forward_args: Mapping[str, Any] | Sequence[Any] | None,
-        query_positions: Sequence[int] | Tensor | None,
-        per_head: bool,
-        padded_rows: bool = False,
-    ) -> tuple[Tensor, Tensor, Any]:
-        r"""As :meth:`attribute_with_output`; with ``padded_rows``, positions on padding in some examples are
-        computed (all 0 there) instead of refused, for callers that pick each example's own rows from a union."""
-        model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions,
-                                                 padded_rows)
-        scores, expected, output = self._scan_metrics(model_inputs, positional, query_positions, per_head,
-                                                      [self.metric])
-        scores_of_metric = scores[self.metric.name]
-        delta = (self._delta(scores_of_metric, expected[self.metric.name]) if self.has_convergence_delta()
-                 else scores_of_metric.new_zeros(len(scores_of_metric)))
-        return scores_of_metric, delta, output
-
-
-def _untuple(value: Any) -> tuple[bool, Any]:
-    r"""Unwraps captum's one-tensor tuple: ``(was a tuple, the value)``."""
-    if not isinstance(value, tuple):
-        return False, value
-    if len(value) != 1:
-        raise InputError(f"inputs is a tuple of {len(value)} tensors; captum_cw attributes one input (token ids or "
-                         "pixels): pass (inputs,) and put the other model arguments in additional_forward_args.")
-    return True, value[0]
+        found = self.score(inputs, attention_mask, additional_forward_args, query_positions, per_head=per_head)
+        scores = found.scores[self.metric.name]
+        delta = found.deltas()[self.metric.name] if self.has_convergence_delta() else scores.new_zeros(len(scores))
+        return scores, delta, found.output
 
 
 class _FixedMetricAttribution(MetricAttribution):
@@ -531,29 +419,9 @@ class ContributionWeights(MetricAttribution):
             ``(batch, n_layers, n_heads, n_query, n_key)``; their product is the
             ``per_head=True`` attribution.
         """
-        model_inputs, positional = self._prepare(inputs, attention_mask, additional_forward_args, query_positions)
-        device = model_inputs.main.device
-        state: dict[str, Tensor] = {}
-
-        def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
-            factors = geometry.decomposition(self.variant)
-            if "factors" not in state:
-                batch, n = factors[0].shape[0], factors[0].shape[-1]
-                wanted = resolve_positions(query_positions, n).to(device)
-                state["slot_of_row"] = torch.full((n,), -1, dtype=torch.long, device=device)
-                state["slot_of_row"][wanted] = torch.arange(len(wanted), device=device)
-                state["factors"] = torch.zeros(3, batch, len(self.layers), len(self.heads), len(wanted), n,
-                                               device=device)
-            slots = state["slot_of_row"][rows.to(device)]
-            padding = model_inputs.padding_mask
-            for index, factor in enumerate(factors):
-                selected = self._selected_heads(factor).to(device, torch.float32)
-                if padding is not None:  # padded keys and rows are 0 in every factor
-                    selected = selected * (padding[:, None, rows, None] & padding[:, None, None, :])
-                state["factors"][index, :, k].index_copy_(-2, slots, selected)
-
-        self._scan(model_inputs, positional, query_positions, on_chunk)
-        return ContributionFactors(*state["factors"].unbind(0))
+        call = prepare_call(self.model, inputs, attention_mask, additional_forward_args,
+                            Positions.shared(query_positions))
+        return score_factors(self.model, self.scope, call, self.variant)
 
 
 class AttentionWeights(_FixedMetricAttribution):
@@ -657,7 +525,6 @@ def attribute_metrics(
     if not chosen or len({metric.name for metric in chosen}) != len(chosen):
         raise InputError(f"metrics must name at least one metric, each once; got {[m.name for m in chosen]!r}.")
     attributor = MetricAttribution(model, chosen[0].name, layers, heads, chunk_size, verify)
-    model_inputs, positional = attributor._prepare(inputs, attention_mask, additional_forward_args, query_positions)
-    scores, expected, output = attributor._scan_metrics(model_inputs, positional, query_positions, per_head, chosen)
-    deltas = {name: MetricAttribution._delta(scores[name], totals) for name, totals in expected.items()}
-    return MetricScores(scores, deltas, output)
+    found = attributor.score(inputs, attention_mask, additional_forward_args, query_positions, chosen,
+                             per_head=per_head)
+    return MetricScores(found.scores, found.deltas(), found.output)

@@ -18,6 +18,7 @@ from captum_cw.attribution import AttentionWeights, ContributionWeights
 from captum_cw.errors import InputError, UnsupportedSetupError, refuse_captum_arguments, require_model
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
 from captum_cw.models import readable_tokens
+from captum_cw.positions import Positions
 
 try:  # captum's own decoding of ids into readable tokens ('Paris', not 'ĠParis')
     from captum.attr._core.llm_attr import _convert_ids_to_pretty_tokens
@@ -131,6 +132,24 @@ def _template_spans(inp: TextTemplateInput) -> tuple[str, list[list[tuple[int, i
         raise InputError("the TextTemplateInput's template changes its values (a format spec or a template function "
                          "that edits them), so its segments cannot be found in the text; use plain '{}' fields.")
     return text, spans
+
+
+def _one_target_per_prompt(prompts: list[Prompt], target: Target | Sequence[Target], single: bool) -> list[Target]:
+    r"""The target of each prompt: the one target of a single prompt, None for every prompt, or one per prompt."""
+    if single or target is None:  # one prompt's target, or none for every prompt (checked by _target_ids)
+        return [cast(Target, target)] * (len(prompts) if target is None else 1)
+    if isinstance(target, (list, tuple)) and len(target) == len(prompts):
+        return list(target)
+    raise InputError(f"inp is a list of {len(prompts)} prompts, so target must be None or a list of "
+                     f"{len(prompts)} targets (one per prompt), got {target!r}.")
+
+
+def _check_counts(num_trials: int, batch_size: int) -> None:
+    r"""Refuses a ``num_trials`` or ``batch_size`` that is not a positive int."""
+    if isinstance(num_trials, bool) or not isinstance(num_trials, int) or num_trials < 1:
+        raise InputError(f"num_trials must be a positive int, got {num_trials!r}.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive int (prompts per forward pass), got {batch_size!r}.")
 
 
 @dataclass
@@ -300,17 +319,8 @@ class LLMContributionAttribution:
         if not prompts:
             raise InputError("inp must be a string, a TextTokenInput, a TextTemplateInput or a non-empty list of them, "
                              f"got {inp!r}.")
-        if single or target is None:  # one prompt's target, or none for every prompt (checked by _target_ids)
-            targets = [cast(Target, target)] * (len(prompts) if target is None else 1)
-        elif isinstance(target, (list, tuple)) and len(target) == len(prompts):
-            targets = list(target)
-        else:
-            raise InputError(f"inp is a list of {len(prompts)} prompts, so target must be None or a list of "
-                             f"{len(prompts)} targets (one per prompt), got {target!r}.")
-        if isinstance(num_trials, bool) or not isinstance(num_trials, int) or num_trials < 1:
-            raise InputError(f"num_trials must be a positive int, got {num_trials!r}.")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size must be a positive int (prompts per forward pass), got {batch_size!r}.")
+        targets = _one_target_per_prompt(prompts, target, single)
+        _check_counts(num_trials, batch_size)
         if gen_args and all(t is not None for t in targets):
             raise InputError("gen_args is only used to generate a missing target (target=None); every prompt has "
                              "a target here, so leave gen_args out.")
@@ -462,9 +472,9 @@ class LLMContributionAttribution:
             wanted = None
             scores, _, output = self.attributor.attribute_with_output(ids, mask, extra, None)  # [b, layer, n, n]
         else:  # the union of the rows the batch needs, once each
-            wanted = torch.cat(rows).unique()  # sorted
-            scores, _, output = self.attributor._rows_with_output(ids, mask, extra, wanted, False,
-                                                                  padded_rows=True)  # [b, layer, row, n]
+            wanted = torch.cat(rows).unique()  # sorted; some are padding in a shorter example (rows of 0)
+            found = self.attributor.score(ids, mask, extra, Positions.shared(wanted, allow_padding=True))
+            scores, output = found.scores[self.attributor.metric.name], found.output  # [b, layer, row, n]
         scores = in_forward_order(scores, layers)
         picked = []  # per example [target, n]
         for b in range(len(prompts)):

@@ -16,6 +16,7 @@ from captum_cw.architectures import AttentionLayer
 from captum_cw.capture import AttentionCall, capture_attention, take_rows
 from captum_cw.errors import InputError, UnsupportedSetupError
 from captum_cw.geometry import HeadGeometry
+from captum_cw.positions import Positions
 from captum_cw.self_check import LayerCheck, check_layer, projection_hooks, raise_on_mismatch
 
 __all__ = [
@@ -24,9 +25,8 @@ __all__ = [
     "ModelInputs",
     "check_inputs",
     "prepare_inputs",
-    "refuse_padded_positions",
-    "resolve_positions",
     "scan_geometry",
+    "untuple",
 ]
 
 CHUNK_ELEMENTS = 2**24
@@ -119,6 +119,16 @@ def prepare_inputs(
     return ModelInputs(main, keyword, padding_mask), positional
 
 
+def untuple(value: Any) -> tuple[bool, Any]:
+    r"""Unwraps captum's one-tensor tuple of inputs (or attributions): ``(was a tuple, the value)``."""
+    if not isinstance(value, tuple):
+        return False, value
+    if len(value) != 1:
+        raise InputError(f"inputs is a tuple of {len(value)} tensors; captum_cw attributes one input (token ids or "
+                         "pixels): pass (inputs,) and put the other model arguments in additional_forward_args.")
+    return True, value[0]
+
+
 def _name_additional_args(
     model: nn.Module, additional_forward_args: Mapping[str, Any] | Sequence[Any] | None
 ) -> tuple[dict[str, Any], tuple[Any, ...]]:
@@ -154,62 +164,6 @@ def _one_attention_mask(given: Tensor | None, additional: Any) -> Tensor | None:
         raise InputError("two different attention masks were given, one in additional_forward_args and one as "
                          "attention_mask (or in inputs); pass one of them.")
     return additional
-
-
-def _integer_positions(positions: Sequence[int] | Tensor | int) -> Tensor:
-    r"""``positions`` as an integer tensor, refusing an empty one, strings, floats, bools and anything not a
-    number."""
-    if isinstance(positions, (str, bytes)):
-        raise InputError(f"query_positions must be int positions, got the string {positions!r}; pass e.g. [-1] "
-                         "for the last row.")
-    try:
-        given = torch.as_tensor(positions)
-    except (TypeError, ValueError, RuntimeError):
-        raise InputError(f"query_positions must be int positions, got {positions!r}; pass e.g. [-1] for the "
-                         "last row.") from None
-    if given.numel() == 0:
-        raise InputError("query_positions is empty; pass at least one position, or None for all.")
-    if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
-        raise InputError(f"query_positions must be integer positions, got {given.dtype} {positions!r}; "
-                         "pass e.g. [-1] for the last row.")
-    return given
-
-
-def resolve_positions(positions: Sequence[int] | Tensor | None, n: int) -> Tensor:
-    r"""Query positions as a long tensor in ``[0, n)``; negative positions count from the end."""
-    if positions is None:
-        return torch.arange(n)
-    rows = _integer_positions(positions).long().flatten()
-    if (rows >= n).any() or (rows < -n).any():
-        raise InputError(f"query_positions {rows.tolist()} out of range for a sequence of {n} tokens.")
-    rows = rows % n
-    if len(rows.unique()) != len(rows):
-        raise InputError(f"query_positions {positions!r} names a position twice; pass each position once.")
-    return rows
-
-
-def refuse_padded_positions(positions: Sequence[int] | Tensor | None, padding_mask: Tensor | None) -> None:
-    r"""
-    Refuses query positions that fall on padding in some example: their rows would be all 0.
-
-    Args:
-        positions (Sequence[int] or Tensor, optional): query positions as given; None (all rows) passes.
-        padding_mask (Tensor, optional): ``(batch, n)`` bool, True = real token.
-    Raises:
-        InputError: naming the first such example, position and its real token range.
-    """
-    if positions is None or padding_mask is None:
-        return
-    rows = resolve_positions(positions, padding_mask.shape[1]).to(padding_mask.device)
-    on_padding = ~padding_mask[:, rows]  # [batch, row]
-    if not bool(on_padding.any()):
-        return
-    example, slot = (int(i) for i in on_padding.nonzero()[0])
-    real = padding_mask[example].nonzero().flatten()
-    where = (f"whose real tokens are positions {int(real[0])} to {int(real[-1])}" if len(real)
-             else "which has no real token")
-    raise InputError(f"query position {int(rows[slot])} is padding in example {example} ({where}), so its row "
-                     "would be all 0; pass positions of real tokens, or attribute that example alone.")
 
 
 #: keyword arguments that carry cached keys and values under the names transformers has used
@@ -300,7 +254,7 @@ def scan_geometry(
     layers: Sequence[AttentionLayer],
     model_inputs: ModelInputs,
     positional_args: tuple[Any, ...],
-    query_positions: Sequence[int] | Tensor | None,
+    positions: Positions | None,
     on_chunk: Callable[[int, Tensor, HeadGeometry], None],
     chunk_size: int | None = None,
     verify: bool = True,
@@ -308,8 +262,9 @@ def scan_geometry(
 ) -> Any:
     r"""
     Runs ``model`` once and calls ``on_chunk(k, rows, geometry)`` for each selected
-    layer (``k`` is its index in ``layers``) and each chunk of query ``rows``
-    (``chunk_size`` rows; None: as many as keep ``alpha`` within :data:`CHUNK_ELEMENTS`).
+    layer (``k`` is its index in ``layers``) and each chunk of the query ``rows`` that ``positions`` ask for
+    (:meth:`~captum_cw.positions.Positions.computed_rows`; None: every row), ``chunk_size`` rows at a time (None:
+    as many as keep ``alpha`` within :data:`CHUNK_ELEMENTS`).
 
     Padded query rows get all-zero ``alpha``; so do padded keys. A layer whose attention module runs twice
     in the pass (shared layers, as in ALBERT) is refused when it runs the second time. With ``verify``,
@@ -337,7 +292,8 @@ def scan_geometry(
         if calls[k] > 1:
             _refuse_shared_layer(model, layers[k])
         device = call.query.device
-        all_rows = resolve_positions(query_positions, call.query.shape[2]).to(device)
+        n = call.query.shape[2]
+        all_rows = (positions or Positions(None)).computed_rows(padding, call.query.shape[0], n).to(device)
         values = call.values()  # [batch, head, key, d_head]
         if padding is not None and padding.shape[1] == values.shape[2]:  # padded keys may hold NaN states
             values = torch.where(padding.to(device)[:, None, :, None], values, 0.0)

@@ -30,6 +30,7 @@ from captum_cw.architectures import AttentionLayer
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.errors import InputError, UnsupportedSetupError
 from captum_cw.geometry import HeadGeometry
+from captum_cw.positions import Positions
 from captum_cw.scan import ModelInputs, scan_geometry
 
 __all__ = ["TARGET_ROWS", "TargetScores", "target_scores"]
@@ -157,7 +158,8 @@ def target_scores(
     embedding_hook = _requiring_grad(model, model_inputs)
     try:
         with capture_attention(model, [layer.attention for layer in layers], keep_values):
-            output = scan_geometry(model, layers, model_inputs, positional, wanted, keep_geometry,
+            explained_rows = Positions.shared(wanted, allow_padding=True)  # each example reads its own among them
+            output = scan_geometry(model, layers, model_inputs, positional, explained_rows, keep_geometry,
                                    chunk_size=len(wanted), verify=verify, grad=True)
         logits = getattr(output, "logits", None)
         if not isinstance(logits, Tensor):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -11,11 +12,13 @@ from captum.attr import Attribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
-from captum_cw.attribution import _untuple, attributor_for
+from captum_cw.attribution import attributor_for
 from captum_cw.errors import InputError, refuse_captum_arguments, refuse_noisy_token_ids, require_model
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
 from captum_cw.metrics import get_metric
-from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs
+from captum_cw.positions import Positions
+from captum_cw.scan import ModelInputs, untuple
+from captum_cw.scoring import PreparedCall, prepare_call, score_metrics
 from captum_cw.target_contributions import TARGET_ROWS, target_scores
 
 __all__ = ["EXCLUSIONS", "SINK_THRESHOLD", "TokenContributions"]
@@ -36,35 +39,14 @@ def _is_causal(attributor: Any) -> bool:
 
 def _example_positions(position: Position, padding: Tensor | None, batch: int, n: int, causal: bool) -> Tensor:
     r"""
-    One query position per example, ``(batch,)`` long, as indices into the padded rows.
-
-    None: the last real token for causal models, the first one otherwise. An int
-    ``p >= 0`` is an index into the row as given; ``p < 0`` counts back from the end
-    of each example's real tokens (``-1`` is the last real token, under left or right
-    padding). A sequence or tensor gives one such position per example.
+    One query position per example, ``(batch,)`` long, as indices into the padded rows
+    (:class:`~captum_cw.positions.Positions`). None: the last real token for causal models, the first one
+    otherwise.
     """
-    real = padding if padding is not None else torch.ones(batch, n, dtype=torch.bool)
-    real = real.cpu()
-    last = n - 1 - real.flip(-1).int().argmax(-1)  # [batch] index of the last real token
-    first = real.int().argmax(-1)  # [batch]
-    if position is None:
-        return last if causal else first
-    given = torch.as_tensor(position)
-    if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
-        raise InputError(f"position must be an int or one int per example, got {given.dtype} {position!r}.")
-    if given.dim() == 0:
-        given = given.expand(batch)
-    if given.shape != (batch,):
-        raise InputError(f"position has shape {tuple(given.shape)}; pass an int or one position per example "
-                         f"({batch},).")
-    positions = torch.where(given < 0, last + 1 + given, given).long()
-    outside = (positions < 0) | (positions >= n)
-    if outside.any() or not real[torch.arange(batch), positions.clamp(0, n - 1)].all():
-        bad = int((outside | ~real[torch.arange(batch), positions.clamp(0, n - 1)]).nonzero()[0])
-        raise InputError(f"position {given[bad].item()} of example {bad} is not one of its real tokens "
-                         f"({int(first[bad])}..{int(last[bad])}); negative positions count back from its last "
-                         "real token.")
-    return positions
+    if position is None and not causal:  # the first real token of each example
+        real = torch.ones(batch, n, dtype=torch.bool) if padding is None else padding.cpu()
+        return real.int().argmax(-1)
+    return Positions.one_per_example(-1 if position is None else position).rows(padding, batch, n)[:, 0]
 
 
 class TokenContributions(Attribution):
@@ -107,7 +89,9 @@ class TokenContributions(Attribution):
         exclude (str, Sequence[int] or Tensor, optional): tokens whose score is set
                     to 0, so that a ranking leaves them out: ``"first"``,
                     ``"special"`` or ``"sinks"`` (:data:`EXCLUSIONS`), positions
-                    shared by the batch, or a bool ``(batch, n)`` mask. Default: None
+                    shared by the batch (:class:`~captum_cw.positions.Positions`:
+                    negative ones count back from each example's last real token),
+                    or a bool ``(batch, n)`` mask. Default: None
 
     Examples::
 
@@ -203,7 +187,7 @@ class TokenContributions(Attribution):
         refuse_captum_arguments("TokenContributions.attribute", captum_arguments,
                                 ("inputs", "target", "attention_mask", "additional_forward_args", "position",
                                  "exclude"))
-        is_tuple, main = _untuple(inputs)
+        is_tuple, main = untuple(inputs)
         refuse_noisy_token_ids(self.model, main, "TokenContributions.attribute")
         position = self.position if position is None else position
         exclude = self.exclude if exclude is None else exclude
@@ -211,28 +195,23 @@ class TokenContributions(Attribution):
         if target is not None and self.layer_aggregation == "rollout":
             raise InputError("layer_aggregation='rollout' composes attention-like scores through the layers; a "
                              "target's first-order parts add up over layers instead: use 'mean' or 'last'.")
-        model_inputs, positional = prepare_inputs(self.model, main, attention_mask, additional_forward_args,
-                                                  self.attributor._input_device)
-        check_inputs(self.model, model_inputs, positional)
-        score = self._token_scores if model_inputs.is_text else self._pixel_scores
-        scores = score(main, model_inputs, positional, additional_forward_args, position, target, exclude)
+        call = prepare_call(self.model, main, attention_mask, additional_forward_args, Positions(None))
+        score = self._token_scores if call.inputs.is_text else self._pixel_scores
+        scores = score(call, position, target, exclude)
         return (scores,) if is_tuple else scores
 
-    def _layer_scores(self, inputs, attention_mask, additional_forward_args, rows, with_attention: bool
+    def _layer_scores(self, call: PreparedCall, positions: Positions, with_attention: bool
                       ) -> tuple[Tensor, Tensor | None]:
-        r"""Token-level scores of the selected layers in forward order, ``(batch, layers, n_rows, n)``, and with
-        ``with_attention`` the attention of the same rows (mean over heads, same shape) from the same pass."""
-        if not with_attention:
-            scores, _, _ = self.attributor._rows_with_output(inputs, attention_mask, additional_forward_args, rows,
-                                                             False, padded_rows=True)  # each example its own rows
-            return in_forward_order(scores, self.attributor.layers), None
-        model_inputs, positional = self.attributor._prepare(inputs, attention_mask, additional_forward_args, rows,
-                                                            True)
-        metrics = list(dict.fromkeys([self.attributor.metric, get_metric("attention")]))
-        found, _, _ = self.attributor._scan_metrics(model_inputs, positional, rows, False, metrics)
-        layers = self.attributor.layers
-        return (in_forward_order(found[self.attributor.metric.name], layers),
-                in_forward_order(found["attention"], layers))
+        r"""Token-level scores of the selected layers in forward order at ``positions``, ``(batch, layers, k, n)``,
+        and with ``with_attention`` the attention of the same rows (mean over heads, same shape) from the same
+        pass."""
+        attributor = self.attributor
+        metrics = [attributor.metric] + ([get_metric("attention")] if with_attention else [])
+        found = score_metrics(self.model, attributor.scope, replace(call, positions=positions),
+                              list(dict.fromkeys(metrics)))
+        attention = found.scores["attention"] if with_attention else None
+        return (in_forward_order(found.scores[attributor.metric.name], attributor.layers),
+                None if attention is None else in_forward_order(attention, attributor.layers))
 
     def _aggregate(self, scores: Tensor, rows: Tensor) -> Tensor:
         r"""One score per key for row ``rows[b]`` of each example: ``(batch, n)``."""
@@ -253,35 +232,33 @@ class TokenContributions(Attribution):
         scores = per_layer[:, -1] if self.layer_aggregation == "last" else per_layer.mean(1)
         return scores, in_forward_order(found.attention, attributor.layers)
 
-    def _token_scores(self, inputs, model_inputs: ModelInputs, positional: tuple[Any, ...], additional_forward_args,
-                      position: Position, target: Any, exclude: Exclusion) -> Tensor:
+    def _token_scores(self, call: PreparedCall, position: Position, target: Any, exclude: Exclusion) -> Tensor:
+        model_inputs = call.inputs
         batch, n = model_inputs.main.shape
         padding = model_inputs.padding_mask
         positions = _example_positions(position, padding, batch, n, _is_causal(self.attributor))
-        mask = model_inputs.keyword.get("attention_mask")
         attention = None  # [batch, layer, n] the explained rows' attention, for exclude="sinks"
         if target is not None:
-            result, attention = self._target_scores(model_inputs, positional, positions.to(model_inputs.main.device),
-                                                    target)
+            result, attention = self._target_scores(model_inputs, call.positional,
+                                                    positions.to(model_inputs.main.device), target)
         elif self.layer_aggregation == "rollout":  # every row of every layer
-            scores, attended = self._layer_scores(inputs, mask, additional_forward_args, None, exclude == "sinks")
+            scores, attended = self._layer_scores(call, Positions(None), exclude == "sinks")
             result = self._aggregate(scores, positions.to(scores.device))
             if attended is not None:
                 index = positions.to(scores.device)[:, None, None, None].expand(-1, attended.shape[1], 1, n)
                 attention = attended.gather(2, index)[:, :, 0]
-        else:  # only the rows asked for, once each
-            rows, slot = positions.unique(return_inverse=True)
-            scores, attended = self._layer_scores(inputs, mask, additional_forward_args, rows, exclude == "sinks")
-            result = self._aggregate(scores, slot.to(scores.device))
+        else:  # only each example's own row
+            scores, attended = self._layer_scores(call, Positions.one_per_example(positions), exclude == "sinks")
+            result = self._aggregate(scores, torch.zeros(batch, dtype=torch.long, device=scores.device))
             if attended is not None:
-                attention = attended[torch.arange(batch, device=attended.device), :, slot.to(attended.device)]
+                attention = attended[:, :, 0]
         excluded = _excluded(exclude, model_inputs.main, padding, attention, self.model)
         if padding is not None:
             excluded = excluded | ~padding.to(excluded.device)
         return torch.where(excluded.to(result.device), 0.0, result)
 
-    def _pixel_scores(self, inputs, model_inputs: ModelInputs, positional: tuple[Any, ...], additional_forward_args,
-                      position: Position, target: Any, exclude: Exclusion) -> Tensor:
+    def _pixel_scores(self, call: PreparedCall, position: Position, target: Any, exclude: Exclusion) -> Tensor:
+        model_inputs = call.inputs
         batch, _, height, width = model_inputs.main.shape
         if exclude is not None:
             raise InputError("exclude applies to tokens of a text; pixel inputs have patches, whose scores are all "
@@ -297,9 +274,9 @@ class TokenContributions(Attribution):
         row = 0 if position is None else position
         if target is not None:
             rows = torch.full((batch,), row, dtype=torch.long, device=model_inputs.main.device)
-            tokens, _ = self._target_scores(model_inputs, positional, rows, target)  # [batch, n]
+            tokens, _ = self._target_scores(model_inputs, call.positional, rows, target)  # [batch, n]
         else:
-            scores, _ = self._layer_scores(inputs, None, additional_forward_args, [row], False)
+            scores, _ = self._layer_scores(call, Positions.shared([row]), False)
             tokens = self._aggregate(scores, torch.zeros(batch, dtype=torch.long, device=scores.device))  # [batch, n]
         if tokens.shape[1] != 1 + grid[0] * grid[1]:
             raise InputError(f"{tokens.shape[1]} tokens do not make one class token and a {grid[0]}x{grid[1]} patch "
@@ -370,8 +347,5 @@ def _excluded(exclude: Exclusion, ids: Tensor, padding: Tensor | None, attention
         return given
     if given.is_floating_point() or given.dim() != 1:
         raise InputError(f"exclude positions must be a list of ints, got {exclude!r}.")
-    if bool(((given >= n) | (given < -n)).any()):
-        raise InputError(f"exclude positions {given.tolist()} out of range for {n} tokens.")
-    mask = torch.zeros(batch, n, dtype=torch.bool, device=ids.device)
-    mask[:, given % n] = True
-    return mask
+    rows = Positions.shared(given, "exclude positions", allow_padding=True).rows(padding, batch, n)  # [batch, k]
+    return torch.zeros(batch, n, dtype=torch.bool).scatter_(1, rows, True).to(ids.device)

@@ -79,10 +79,13 @@ def test_selection_and_head_aggregation(family_case, metric):
     family, model, inputs, mask, reference = family_case
     model.set_attn_implementation(_fastest_implementation(family))
     n = reference[metric].shape[-1]
-    rows = [5, 3, n - 5]  # real tokens in every example (left padding: 3..8, right padding: 0..5)
+    batch = reference[metric].shape[0]
+    last = [n - 1] * batch if mask is None else (n - 1 - mask.flip(-1).int().argmax(-1)).tolist()
+    # real tokens in every example (left padding: 3..8, right padding: 0..5); -5 counts back from each last one
+    rows = [[5, 3, end - 4] for end in last]
     attributor = attributor_for(metric, model, layers=[1, 0], heads=[3, 1], chunk_size=2)
     scores = attributor.attribute(inputs, attention_mask=mask, query_positions=[5, 3, -5])
-    expected = reference[metric][:, [1, 0]][:, :, [3, 1]][:, :, :, rows]
+    expected = torch.stack([reference[metric][b, [1, 0]][:, [3, 1]][:, :, rows[b]] for b in range(batch)])
     expected = expected.sum(2) if metric == "cw_inter" else expected.mean(2)
     assert scores.shape == (expected.shape[0], 2, 3, n)
     assert_matches(scores, expected)

@@ -19,6 +19,7 @@ LAYERS = {
     "captum_cw.geometry": 0,
     "captum_cw.layer_aggregation": 0,
     "captum_cw.models": 0,
+    "captum_cw.positions": 0,
     "captum_cw.selection": 0,
     "captum_cw.statistics": 0,
     "captum_cw.tasks": 0,
@@ -27,24 +28,25 @@ LAYERS = {
     "captum_cw.capture": 1,
     "captum_cw.metrics": 1,
     "captum_cw.plotting": 1,
-    # 2-4: one forward pass, checked, and its scores
+    # 2-5: one forward pass, checked, its scores and the attributors
     "captum_cw.self_check": 2,
     "captum_cw.scan": 3,
-    "captum_cw.attribution": 4,
     "captum_cw.interventions": 4,
+    "captum_cw.scoring": 4,
     "captum_cw.target_contributions": 4,
-    # 5: what is built on the attributors
-    "captum_cw.llm": 5,
-    "captum_cw.sources": 5,
-    "captum_cw.sinks": 5,
-    "captum_cw.token_contributions": 5,
-    # 6: the faithfulness evaluation, views, integrations and the package's public names
-    "captum_cw": 6,
-    "captum_cw.evaluation": 6,
-    "captum_cw.inseq_method": 6,
-    "captum_cw.views": 6,
-    # 7: the command line
-    "captum_cw.cli": 7,
+    "captum_cw.attribution": 5,
+    # 6: what is built on the attributors
+    "captum_cw.llm": 6,
+    "captum_cw.sources": 6,
+    "captum_cw.sinks": 6,
+    "captum_cw.token_contributions": 6,
+    # 7: the faithfulness evaluation, views, integrations and the package's public names
+    "captum_cw": 7,
+    "captum_cw.evaluation": 7,
+    "captum_cw.inseq_method": 7,
+    "captum_cw.views": 7,
+    # 8: the command line
+    "captum_cw.cli": 8,
 }
 
 

@@ -95,10 +95,10 @@ def test_shared_layers_are_refused():
 # case 6: a query position on padding
 
 
-@pytest.mark.parametrize("positions, row", [([-1], 8), ([2, 7], 7)])
-def test_a_query_position_on_padding_is_refused(bert, positions, row):
+def test_a_query_position_on_padding_is_refused(bert):
     model, ids, mask, _ = bert
-    message = f"query position {row} is padding in example 1 \\(whose real tokens are positions 0 to 5\\)"
+    positions = [2, 7]
+    message = "query position 7 is padding in example 1 \\(whose real tokens are positions 0 to 5\\)"
     with pytest.raises(InputError, match=message):
         ContributionWeights(model).attribute(ids, attention_mask=mask, query_positions=positions)
     with pytest.raises(InputError, match=message):
@@ -113,6 +113,19 @@ def test_left_padding_refuses_the_first_position_and_keeps_the_last(llama):
         ContributionWeights(model).attribute(ids, attention_mask=mask, query_positions=[0])
     scores = ContributionWeights(model).attribute(ids, attention_mask=mask, query_positions=[-1])
     assert scores.shape == (2, 2, 1, 9)
+
+
+def test_a_negative_query_position_counts_back_from_each_examples_last_real_token(bert):
+    model, ids, mask, reference = bert  # right padded: the last real tokens are 8 and 5
+    scores, delta = ContributionWeights(model).attribute(ids, attention_mask=mask, query_positions=[-2, -1],
+                                                         return_convergence_delta=True)
+    expected = reference["cw_inter"].sum(2)  # [batch, layer, n, n]
+    own_rows = torch.stack([expected[0][:, [7, 8]], expected[1][:, [4, 5]]])
+    torch.testing.assert_close(scores, own_rows.float(), rtol=1e-5, atol=1e-6)
+    assert float(delta.max()) < 1e-5
+    factors = ContributionWeights(model).attribute_factors(ids, attention_mask=mask, query_positions=[-1])
+    torch.testing.assert_close(factors.attention.sum(2)[1, :, 0], reference["attention"][1, :, :, 5].sum(1).float()
+                               , rtol=1e-5, atol=1e-6)
 
 
 def test_per_example_positions_still_pick_each_examples_own_row(bert):

@@ -521,7 +521,8 @@ def _summary_csv(summary: Summary, task: str) -> str:
     handle = io.StringIO(newline="")
     writer = csv.writer(handle)
     writer.writerow(SummaryRow.columns())
-    writer.writerows(row.cells() for row in summary_rows(summary, task))
+    for row in summary_rows(summary, task):
+        writer.writerow(row.cells())
     return handle.getvalue()
 
 

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -246,22 +245,32 @@ def test_cli_smoke(tiny_llm_dir, tmp_path, task):
     assert (tmp_path / "curves.png").exists() and (tmp_path / "summary.csv").read_text().count("AOPC") > 0
 
 
+# runs the command line and kills its own process (SIGKILL: nothing is cleaned up) once it has written n records
+_KILLED_AFTER = """
+import os, signal, sys
+from captum_cw.cli import main
+from captum_cw.evaluation.run_folder import RecordsFile
+append, n, written = RecordsFile.append, int(sys.argv[1]), []
+def append_then_die(self, record):
+    append(self, record)
+    written.append(record.id)
+    if len(written) == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+RecordsFile.append = append_then_die
+main(["evaluate", *sys.argv[2:]])
+"""
+
+
 @pytest.mark.slow  # CLI subprocesses
 def test_resume_after_a_killed_run_gives_the_same_summary(tiny_llm_dir, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert _cli(_args(tiny_llm_dir, "mmlu", whole, 4)).returncode == 0
     env = {**os.environ, "TQDM_DISABLE": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "captum_cw.cli", "evaluate",
-                                *_args(tiny_llm_dir, "mmlu", killed, 4)], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    died = subprocess.run([sys.executable, "-c", _KILLED_AFTER, "2", *_args(tiny_llm_dir, "mmlu", killed, 4)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
     records = killed / "records.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and not (records.exists() and records.read_text().count("\n") >= 1):
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    finished = records.read_text().count("\n")
-    assert 1 <= finished < 4, "the run should have been killed part-way"
+    assert records.read_text().count("\n") == 2  # killed after its second record, before the third
     with open(records, "a") as handle:
         handle.write('{"id": "mmlu-3", "torn')  # as if killed while writing
     refused = _cli(_args(tiny_llm_dir, "mmlu", killed, 4))

@@ -19,7 +19,8 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import cast
+from enum import Enum
+from typing import TypeVar, cast
 
 import torch
 from captum.attr import LayerIntegratedGradients
@@ -36,7 +37,15 @@ from captum_cw.evaluation.ranking import (
     removal_from_ranks,
     soft_removal,
 )
-from captum_cw.evaluation.records import ChoiceClean, Record, TextClean, bin_key
+from captum_cw.evaluation.records import (
+    ChoiceClean,
+    ExampleRecord,
+    IGCompleteness,
+    Measures,
+    Record,
+    TextClean,
+    bin_key,
+)
 from captum_cw.evaluation.reuse import record_layer_output, skip_layers_below
 from captum_cw.evaluation.sequences import (
     Choice,
@@ -51,11 +60,10 @@ from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import METRICS
 from captum_cw.selection import select_indices
 
-__all__ = ["FIRST_TOKEN", "LAYER_METRICS", "INPUT_METRICS", "ProtocolConfig", "chosen_layers", "eligible_keys",
-           "evaluate_example", "input_metrics", "layer_metrics"]
+__all__ = ["LAYER_METRICS", "INPUT_METRICS", "FirstToken", "Granularity", "Protocol", "ProtocolConfig", "Removal",
+           "chosen_layers", "eligible_keys", "evaluate_example", "example_record", "input_metrics", "layer_metrics"]
 
 LAYER_METRICS = (*METRICS, "random")  # the defaults: the registered metrics (captum_cw.metrics) and random
-FIRST_TOKEN = ("special", "protect", "rank")  # ProtocolConfig.first_token: see eligible_keys
 INPUT_METRICS = ("ig", "cw_last", "cw_mean", "cw_rollout", "attention_mean", "attention_rollout", "random")
 
 
@@ -79,18 +87,75 @@ def _input_metric(name: str) -> tuple[str, str]:
     return ("cw_inter" if family == "cw" else family), aggregation
 
 
+_Choice = TypeVar("_Choice", bound="Setting")
+
+
+class Setting(str, Enum):
+    r"""A setting with a fixed set of values; a ``str``, so that ``config.json`` stores its value as before."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def parse(cls: type[_Choice], value: str, name: str) -> _Choice:
+        r"""The member named by ``value``; an InputError naming the setting ``name`` and its values otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise InputError(f"{name} must be one of {', '.join(member.value for member in cls)}, "
+                             f"got {value!r}.") from None
+
+
+class Protocol(Setting):
+    r"""Where a protocol intervenes: on each layer's attention, or on the input's tokens at every layer."""
+
+    LAYER = "layer"
+    INPUT = "input"
+
+
+class Granularity(Setting):
+    r"""What the layer level ranks: tokens (heads aggregated) or each head's keys."""
+
+    TOKEN = "token"
+    HEAD = "head"
+
+
+class Removal(Setting):
+    r"""How the input level removes tokens: knocked out of the context at every layer, or deleted from the input."""
+
+    KNOCKOUT = "knockout"
+    DELETION = "deletion"
+
+
+class FirstToken(Setting):
+    r"""What happens to position 0 (see :func:`eligible_keys`): as any position, kept out, or ranked."""
+
+    SPECIAL = "special"
+    PROTECT = "protect"
+    RANK = "rank"
+
+
+_SETTINGS: dict[str, type[Setting]] = {"protocol": Protocol, "granularity": Granularity, "removal": Removal,
+                                       "first_token": FirstToken}  # the ProtocolConfig fields that take a Setting
+
+
 @dataclass(frozen=True)
 class ProtocolConfig:
-    protocol: str = "layer"  # "layer" or "input"
+    r"""
+    How each example is ranked and intervened on. The settings with a fixed set of values are
+    :class:`Setting` members; their values (``"layer"``, ``"head"``...) are taken too.
+    """
+
+    protocol: Protocol = Protocol.LAYER
     metrics: tuple[str, ...] = LAYER_METRICS
     bins: tuple[float, ...] = DEFAULT_BINS
     layers: tuple[int, ...] | None = None  # layer level: where to intervene (default all at once)
-    granularity: str = "token"  # layer level: "token" (heads aggregated) or "head"
+    granularity: Granularity = Granularity.TOKEN  # layer level
     absolute: bool = False
     renormalize: bool = False
-    removal: str = "knockout"  # input level: "knockout" or "deletion"
+    removal: Removal = Removal.KNOCKOUT  # input level
     remove_special: bool = False
-    first_token: str = "special"  # position 0: "protect", "rank" or "special" (as any position): eligible_keys
+    first_token: FirstToken = FirstToken.SPECIAL  # position 0 (see eligible_keys)
     batch_size: int = 16
     ig_steps: int = 50
     seed: int = 0
@@ -98,19 +163,21 @@ class ProtocolConfig:
     soft: bool = False  # also soft comprehensiveness and sufficiency (Zhao & Aletras, 2023)
     save_rankings: bool = False  # keep each example's ranked positions per metric (for rank agreement)
 
+    def __post_init__(self) -> None:
+        r"""Takes each :class:`Setting` by its value too; an unknown value is refused by :meth:`validate`."""
+        for name, kind in _SETTINGS.items():
+            value = getattr(self, name)
+            if value in kind._value2member_map_:
+                object.__setattr__(self, name, kind(value))
+
     def validate(self) -> None:
-        allowed = layer_metrics() if self.protocol == "layer" else input_metrics()
-        if self.protocol not in ("layer", "input"):
-            raise InputError(f"protocol must be 'layer' or 'input', got {self.protocol!r}.")
+        r"""Raises an InputError on the first setting that cannot run."""
+        for name, kind in _SETTINGS.items():
+            kind.parse(getattr(self, name), name)
+        allowed = layer_metrics() if self.protocol == Protocol.LAYER else input_metrics()
         unknown = [m for m in self.metrics if m not in allowed]
         if unknown:
             raise InputError(f"Unknown {self.protocol}-level metrics {unknown}; choose from {', '.join(allowed)}.")
-        if self.granularity not in ("token", "head"):
-            raise InputError(f"granularity must be 'token' or 'head', got {self.granularity!r}.")
-        if self.first_token not in FIRST_TOKEN:
-            raise InputError(f"first_token must be one of {', '.join(FIRST_TOKEN)}, got {self.first_token!r}.")
-        if self.removal not in ("knockout", "deletion"):
-            raise InputError(f"removal must be 'knockout' or 'deletion', got {self.removal!r}.")
         if not self.metrics or not self.bins:
             raise InputError("metrics and bins must each name at least one; leave them out for the defaults.")
         outside = [b for b in self.bins if not 0 < b <= 100]
@@ -138,8 +205,8 @@ def eligible_keys(special: Tensor, config: ProtocolConfig) -> Tensor:
         ``(n,)`` bool, True where a key may be ranked and removed.
     """
     eligible = torch.ones_like(special, dtype=torch.bool) if config.remove_special else ~special.bool()  # [n]
-    if len(eligible) and config.first_token != "special":
-        eligible[0] = config.first_token == "rank"
+    if len(eligible) and config.first_token != FirstToken.SPECIAL:
+        eligible[0] = config.first_token == FirstToken.RANK
     return eligible
 
 
@@ -255,10 +322,19 @@ def _measure_variants(model, encoded: EncodedExample, removals_per_sequence: lis
     return [measured[i] for i in index]
 
 
-def _variants(config: ProtocolConfig) -> list[tuple]:
-    r"""Every variant in record order: ``(metric, mode, bin)`` for ERASER's, then ``(metric, mode)`` soft ones."""
-    hard = [(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
-    return hard + ([(m, mode) for m in config.metrics for mode in MODES] if config.soft else [])
+@dataclass(frozen=True)
+class _Variant:
+    r"""One intervention on an example: a metric's removal in one mode, of a bin's top keys or soft."""
+
+    metric: str
+    mode: str  # "comprehensiveness" or "sufficiency"
+    percent: float | None  # the bin (ERASER's removal of the top keys); None: soft removal
+
+
+def _variants(config: ProtocolConfig) -> list[_Variant]:
+    r"""Every variant in record order: ERASER's (per metric, mode and bin), then the soft ones (per metric and mode)."""
+    hard = [_Variant(m, mode, b) for m in config.metrics for mode in MODES for b in config.bins]
+    return hard + ([_Variant(m, mode, None) for m in config.metrics for mode in MODES] if config.soft else [])
 
 
 def _removals(scores: Tensor, eligible: Tensor, config: ProtocolConfig) -> tuple[list[Tensor], list[Tensor], Tensor]:
@@ -269,9 +345,9 @@ def _removals(scores: Tensor, eligible: Tensor, config: ProtocolConfig) -> tuple
     return hard, soft, ranks
 
 
-def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict, dict]:
+def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> ExampleRecord:
     layer_indices = chosen_layers(config, n_layers)
-    per_head = config.granularity == "head"
+    per_head = config.granularity == Granularity.HEAD
     start = min(layer_indices) if config.reuse_clean else 0
     removals_per_sequence, clean_reads, clean_below = [], [], []
     rankings: dict[str, list] = {m: [] for m in config.metrics}
@@ -303,32 +379,35 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
                                       for masks in hard + soft])
     clean = measure_reads(encoded, clean_reads)[0]
     perturbed = _measure_variants(model, encoded, removals_per_sequence, config, clean_below)
-    results, extras = _nest(_variants(config), perturbed, clean, encoded.example.label)
-    if config.save_rankings:
-        extras["rankings"] = rankings
-    return clean, results, extras
+    return _record(encoded, config, clean, perturbed, rankings=rankings if config.save_rankings else None)
 
 
-def _nest(variants: list[tuple], perturbed: list[dict], clean: dict, label: int | None) -> tuple[dict, dict]:
-    r"""Measures by metric, mode and bin key (ERASER's), and ``{"soft": by metric and mode}`` when run."""
-    results: dict = {}
-    soft: dict = {}
-    for variant, measured in zip(variants, perturbed, strict=True):
+def _record(encoded: EncodedExample, config: ProtocolConfig, clean: dict, perturbed: list[dict],
+            rankings: dict[str, list] | None = None, ig_completeness: IGCompleteness | None = None) -> ExampleRecord:
+    r"""
+    The example's record: each variant's measures (:func:`_variants`, in their order) compared with the clean ones,
+    by metric, mode and bin key (ERASER's) or by metric and mode (soft).
+    """
+    label = encoded.example.label
+    results: dict[str, dict[str, dict[str, Measures]]] = {}
+    soft: dict[str, dict[str, Measures]] = {}
+    for variant, measured in zip(_variants(config), perturbed, strict=True):
         measures = compare(clean, measured, label)
-        if len(variant) == 3:
-            metric, mode, percent = variant
-            results.setdefault(metric, {}).setdefault(mode, {})[bin_key(percent)] = measures
+        if variant.percent is None:
+            soft.setdefault(variant.metric, {})[variant.mode] = measures
         else:
-            metric, mode = variant
-            soft.setdefault(metric, {})[mode] = measures
-    return results, ({"soft": soft} if soft else {})
+            results.setdefault(variant.metric, {}).setdefault(variant.mode, {})[bin_key(variant.percent)] = measures
+    clean_form = cast("ChoiceClean | TextClean", clean)  # measure() builds the form of the example's kind
+    return ExampleRecord(id=encoded.example.id, label=label, clean=clean_form, results=results,
+                         ig_completeness=ig_completeness, soft=soft or None,
+                         rankings=rankings)
 
 
 def _input_scores(model, encoded: EncodedExample, clean: dict, metrics: Sequence[str], config: ProtocolConfig,
-                  n_layers: int) -> tuple[dict[str, Tensor], dict]:
+                  n_layers: int) -> tuple[dict[str, Tensor], IGCompleteness | None]:
     r"""
     One score per token of the predicted choice's sequence ``(n,)``, per metric, and
-    with IG its completeness check ``{"ig_completeness": ...}`` (else ``{}``).
+    with IG its completeness check (else None).
     """
     choice = encoded.choices[clean["prediction"]]
     ids = encoded.sequences[choice.sequence]
@@ -346,14 +425,14 @@ def _input_scores(model, encoded: EncodedExample, clean: dict, metrics: Sequence
             scores[metric] = aggregate_layers(token_level, rows.to(token_level.device), aggregation).sum(0).cpu()
     if "random" in metrics:
         scores["random"] = torch.rand(n, generator=_generator(config.seed, encoded.example.id))
-    diagnostics = {}
+    completeness = None
     if "ig" in metrics:
-        scores["ig"], diagnostics["ig_completeness"] = _integrated_gradients(model, encoded, clean, config)
-    return scores, diagnostics
+        scores["ig"], completeness = _integrated_gradients(model, encoded, clean, config)
+    return scores, completeness
 
 
 def _integrated_gradients(model, encoded: EncodedExample, clean: dict,
-                          config: ProtocolConfig) -> tuple[Tensor, dict[str, float]]:
+                          config: ProtocolConfig) -> tuple[Tensor, IGCompleteness]:
     r"""
     IG scores ``(n,)`` of the predicted choice's log-likelihood, and their completeness:
     ``attribution_sum`` should equal ``output_change`` = f(input) - f(baseline), with
@@ -377,7 +456,7 @@ def _integrated_gradients(model, encoded: EncodedExample, clean: dict,
     with torch.no_grad():
         output_change = clean["logliks"][prediction] - float(predicted_loglik(baseline)[0])
     scores = attributions.sum(-1)[0].detach().cpu()  # [n]
-    return scores, {"attribution_sum": float(scores.double().sum()), "output_change": output_change}
+    return scores, IGCompleteness(attribution_sum=float(scores.double().sum()), output_change=output_change)
 
 
 @contextmanager
@@ -393,12 +472,12 @@ def _frozen(model: nn.Module) -> Iterator[None]:
             parameter.requires_grad_(True)
 
 
-def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> tuple[dict, dict, dict]:
+def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layers: int) -> ExampleRecord:
     if not encoded.choices:
         raise InputError("the input-level protocol explains a prediction: use it on a multiple-choice task "
                          "(mmlu, winogrande, boolq); text tasks take --protocol layer.")
     clean = measure_unperturbed(model, encoded)
-    scores, diagnostics = _input_scores(model, encoded, clean, config.metrics, config, n_layers)
+    scores, completeness = _input_scores(model, encoded, clean, config.metrics, config, n_layers)
     # only the context shared by every choice is ranked: its positions mean the same token in every sequence
     contexts = [encoded.sequences[c.sequence][: c.start + 1] for c in encoded.choices]
     shared = min(len(c) for c in contexts)
@@ -413,7 +492,7 @@ def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
         soft += metric_soft
         rankings[metric] = ranked_positions(ranks, eligible)
     token_sets = hard + soft  # bool (removed) or float (share removed) over the shared context
-    if config.removal == "deletion":
+    if config.removal == Removal.DELETION:
         distinct, index = _distinct([token_sets])
         measured = [_deleted(model, encoded, tokens) if not tokens.is_floating_point()
                     else _scaled_embeddings(model, encoded, tokens) for tokens in distinct[0]]
@@ -427,10 +506,8 @@ def _input_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
                      for tokens in token_sets]  # [n, n]: every row but the token's own
             removals_per_sequence.append([{layer: mask[None] for layer in range(n_layers)} for mask in masks])
         perturbed = _measure_variants(model, encoded, removals_per_sequence, config)
-    results, extras = _nest(_variants(config), perturbed, clean, encoded.example.label)
-    if config.save_rankings:
-        extras["rankings"] = rankings
-    return clean, results, {**diagnostics, **extras}
+    return _record(encoded, config, clean, perturbed, rankings=rankings if config.save_rankings else None,
+                   ig_completeness=completeness)
 
 
 def _pad(tokens: Tensor, n: int) -> Tensor:
@@ -481,9 +558,15 @@ def measure_unperturbed(model: nn.Module, encoded: EncodedExample) -> dict:
     return measure(encoded, logits)[0]
 
 
+def example_record(model: nn.Module, encoded: EncodedExample, config: ProtocolConfig) -> ExampleRecord:
+    r"""Runs one example through the protocol; :func:`evaluate_example` describes what its record holds."""
+    run = _layer_level if config.protocol == Protocol.LAYER else _input_level
+    return run(model, encoded, config, len(find_attention_layers(model)))
+
+
 def evaluate_example(model: nn.Module, encoded: EncodedExample, config: ProtocolConfig) -> Record:
     r"""
-    Runs one example through the protocol.
+    Runs one example through the protocol (:func:`example_record`), in the form ``records.jsonl`` holds it.
 
     Returns:
         A JSON-ready :class:`~captum_cw.evaluation.records.Record` ``{"id", "label", "clean",
@@ -493,9 +576,4 @@ def evaluate_example(model: nn.Module, encoded: EncodedExample, config: Protocol
         important first: at the input level one list (the shared context), at the layer level the keys of
         each sequence's last row, ``[sequence][layer]`` (``[sequence][layer][head]`` per head).
     """
-    n_layers = len(find_attention_layers(model))
-    run = _layer_level if config.protocol == "layer" else _input_level
-    clean, results, diagnostics = run(model, encoded, config, n_layers)
-    clean_form = cast("ChoiceClean | TextClean", clean)  # measure() builds the form of the example's kind
-    return {"id": encoded.example.id, "label": encoded.example.label, "clean": clean_form, "results": results,
-            **diagnostics}
+    return example_record(model, encoded, config).to_json()

@@ -1,14 +1,18 @@
-"""The JSON formats of an evaluation run, typed: one record per example (``records*.jsonl``) and the summary.
+"""The formats of an evaluation run, typed: one record per example (``records*.jsonl``), the summary and its rows.
 
-A record is what :func:`~captum_cw.evaluation.protocols.evaluate_example` returns and ``records.jsonl`` holds,
-one per line; :func:`parse_record` reads one back, from this version or an older one, with its bin keys
-normalised by :func:`bin_key` (older runs wrote ``"10"`` for the default bins and ``"10.0"`` for ``--bins 10``).
-The summary (``summary.json``) is built by :func:`~captum_cw.evaluation.report.summarize`.
+An example's record is an :class:`ExampleRecord` (:func:`~captum_cw.evaluation.protocols.example_record` makes
+it), or a :class:`SkippedExample`; a line of ``records.jsonl`` holds its JSON form (:class:`Record`,
+:class:`Skipped`). :meth:`ExampleRecord.from_json` reads one back, from this version or an older one, with its bin
+keys normalised by :func:`bin_key` (older runs wrote ``"10"`` for the default bins and ``"10.0"`` for
+``--bins 10``). The summary (``summary.json``) is built by :func:`~captum_cw.evaluation.report.summarize`; a
+:class:`SummaryRow` is a line of ``summary.csv``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any, TypedDict, final
 
 from typing_extensions import NotRequired
@@ -17,8 +21,9 @@ from captum_cw.errors import InputError
 from captum_cw.statistics import Interval
 from captum_cw.tasks import KINDS, Kind
 
-__all__ = ["KINDS", "ChoiceCheck", "ChoiceClean", "IGCompleteness", "Interval", "Kind", "Measures", "Record", "Skipped",
-           "Summary", "TextClean", "bin_key", "choice_clean", "parse_record", "record_kind", "text_clean"]
+__all__ = ["KINDS", "ChoiceCheck", "ChoiceClean", "ExampleRecord", "IGCompleteness", "Interval", "Kind", "Measures",
+           "Record", "Skipped", "SkippedExample", "Summary", "SummaryRow", "TextClean", "bin_key", "choice_clean",
+           "parse_record", "read_record", "record_kind", "text_clean"]
 
 
 Measures = dict[str, float]  # choice: prob_drop, logprob_drop, accuracy; text: delta_nll, delta_ppl
@@ -135,9 +140,87 @@ def _undefined_as_nan(measures: dict[str, Any]) -> Measures:
     return {name: math.nan if value is None else value for name, value in measures.items()}
 
 
-def parse_record(raw: dict[str, Any]) -> Record | Skipped:
+@dataclass(frozen=True)
+class ExampleRecord:
+    r"""One finished example: its clean measurement and its measures under every intervention."""
+
+    id: str
+    label: int | None  # the correct choice (None: unlabelled, or a text)
+    clean: ChoiceClean | TextClean
+    results: dict[str, dict[str, ByBin]]  # metric -> "comprehensiveness" | "sufficiency" -> bin key -> measures
+    ig_completeness: IGCompleteness | None = None  # with IG
+    soft: dict[str, dict[str, Measures]] | None = None  # with soft removal: metric -> mode -> measures
+    rankings: dict[str, Any] | None = None  # with save_rankings: metric -> ranked positions (protocols)
+
+    @property
+    def example_index(self) -> int:
+        r"""The example's position in its task (``"mmlu-12"`` -> 12): the order of ``records.jsonl``."""
+        return int(self.id.rsplit("-", 1)[1])
+
+    def to_json(self) -> Record:
+        r"""The line of ``records.jsonl``: the fields in this order, those a run did not compute left out."""
+        return {key: value for key, value in dataclasses.asdict(self).items()  # type: ignore[return-value]
+                if value is not None or key in ("label", "clean", "results")}
+
+    @classmethod
+    def from_json(cls, raw: Record) -> ExampleRecord:
+        r"""A record as read from ``records.jsonl``, any version: bin keys normalised, ``null`` measures NaN."""
+        results = {metric: {mode: {bin_key(b): _undefined_as_nan(measures) for b, measures in by_bin.items()}
+                            for mode, by_bin in modes.items()}
+                   for metric, modes in raw["results"].items()}
+        soft = raw.get("soft")
+        if soft is not None:
+            soft = {metric: {mode: _undefined_as_nan(measures) for mode, measures in modes.items()}
+                    for metric, modes in soft.items()}
+        return cls(id=raw["id"], label=raw["label"], clean=raw["clean"], results=results,
+                   ig_completeness=raw.get("ig_completeness"), soft=soft, rankings=raw.get("rankings"))
+
+
+@dataclass(frozen=True)
+class SkippedExample:
+    r"""An example too short to score, and why."""
+
+    id: str
+    reason: str
+
+    @property
+    def example_index(self) -> int:
+        r"""The example's position in its task (``"mmlu-12"`` -> 12): the order of ``records.jsonl``."""
+        return int(self.id.rsplit("-", 1)[1])
+
+    def to_json(self) -> Skipped:
+        r"""The line of ``records.jsonl``."""
+        return Skipped(id=self.id, skipped=self.reason)
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    r"""A line of ``summary.csv``: one measure's mean and 95% interval for a metric, mode and bin."""
+
+    task: str
+    metric: str
+    mode: str  # "comprehensiveness" or "sufficiency"
+    bin: str  # a bin key, "AOPC" (the area over the curve) or "soft" (soft removal)
+    measure: str
+    mean: float | None  # None: undefined (summary.json's null)
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+    examples: str  # over which examples: "all", or "correct" (those the model answers correctly)
+
+    def cells(self) -> list[Any]:
+        r"""The values in the order of ``summary.csv``'s columns (:meth:`columns`)."""
+        return list(dataclasses.astuple(self))
+
+    @staticmethod
+    def columns() -> list[str]:
+        r"""``summary.csv``'s header."""
+        return [field.name for field in dataclasses.fields(SummaryRow)]
+
+
+def read_record(raw: Any) -> ExampleRecord | SkippedExample:
     r"""
-    A record as read from ``records.jsonl``, any version: bin keys normalised by :func:`bin_key`.
+    The record of one line of ``records.jsonl`` (parsed JSON), any version.
 
     Raises:
         ValueError: the line is not a record (no ``id``, or neither ``results`` nor ``skipped``).
@@ -145,12 +228,15 @@ def parse_record(raw: dict[str, Any]) -> Record | Skipped:
     if not isinstance(raw, dict) or "id" not in raw or not ("results" in raw or "skipped" in raw):
         raise InputError(f"not an evaluation record: {str(raw)[:80]}")
     if "skipped" in raw:
-        return Skipped(id=raw["id"], skipped=raw["skipped"])
-    record = dict(raw)
-    record["results"] = {metric: {mode: {bin_key(b): _undefined_as_nan(measures) for b, measures in by_bin.items()}
-                                  for mode, by_bin in modes.items()}
-                         for metric, modes in raw["results"].items()}
-    if "soft" in raw:
-        record["soft"] = {metric: {mode: _undefined_as_nan(measures) for mode, measures in modes.items()}
-                          for metric, modes in raw["soft"].items()}
-    return record  # type: ignore[return-value]  # a JSON object, taken as a Record once its keys are checked
+        return SkippedExample(id=raw["id"], reason=raw["skipped"])
+    return ExampleRecord.from_json(raw)  # type: ignore[arg-type]  # a JSON object whose keys are checked
+
+
+def parse_record(raw: dict[str, Any]) -> Record | Skipped:
+    r"""
+    A record as read from ``records.jsonl``, any version, in its JSON form (:func:`read_record`).
+
+    Raises:
+        ValueError: the line is not a record (no ``id``, or neither ``results`` nor ``skipped``).
+    """
+    return read_record(raw).to_json()

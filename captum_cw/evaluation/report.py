@@ -22,6 +22,7 @@ from captum_cw.evaluation.records import (
     Record,
     Skipped,
     Summary,
+    SummaryRow,
     choice_clean,
     record_kind,
     text_clean,
@@ -41,8 +42,8 @@ from captum_cw.tasks import TASKS
 __all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_matrix",
            "agreement_reference", "aopc_cells", "aopc_header", "bootstrap_interval", "choice_check", "choice_line",
            "ig_completeness", "ig_completeness_line", "order_verdict", "paired_cells", "paired_comparisons",
-           "paired_header", "paired_reversals", "paper_order", "summarize", "summary_lines", "summary_warnings",
-           "wilson_interval", "write_report"]
+           "paired_header", "paired_reversals", "paper_order", "summarize", "summary_lines", "summary_rows",
+           "summary_warnings", "wilson_interval", "write_report"]
 
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
 PRIMARY: dict[Kind, str] = {"choice": "prob_drop", "text": "delta_nll"}
@@ -488,31 +489,40 @@ def order_verdict(order: dict[str, Any]) -> str:
     return "holds by the means (intervals overlap)"
 
 
-def _summary_csv(summary: Summary, task: str) -> str:
-    r"""The text of ``summary.csv`` (see :func:`write_report`), built whole before it is written."""
-    handle = io.StringIO(newline="")
-    writer = csv.writer(handle)
-    writer.writerow(["task", "metric", "mode", "bin", "measure", "mean", "ci_low", "ci_high", "n", "examples"])
+def summary_rows(summary: Summary, task: str) -> list[SummaryRow]:
+    r"""
+    The rows of ``summary.csv`` (see :func:`write_report`): over all examples each metric's AOPC followed by its
+    bins, per mode and measure; then the soft modes; then the AOPCs and soft modes over the examples answered
+    correctly.
+    """
+    def row(metric: str, mode: str, b: str, measure: str, interval: Interval, examples: str) -> SummaryRow:
+        return SummaryRow(task, metric, mode, b, measure, interval["mean"], interval["ci_low"], interval["ci_high"],
+                          interval["n"], examples)
 
-    def write(metric, mode, b, measure, row, examples):
-        writer.writerow([task, metric, mode, b, measure, row["mean"], row["ci_low"], row["ci_high"], row["n"],
-                         examples])
-
+    rows = []
     for metric, modes in summary["aopc"].items():
         for mode, measures in modes.items():
-            for measure, row in measures.items():
-                write(metric, mode, "AOPC", measure, row, "all")
-                for b, by_measure in summary["bins"][metric][mode].items():
-                    write(metric, mode, b, measure, by_measure[measure], "all")
-    parts: list[tuple[str, Mapping[str, Any]]] = [("all", summary), ("correct", summary.get("correct", {}))]
-    for examples, part in parts:
-        for name, label in (("aopc", "AOPC"), ("soft", "soft")):
-            if examples == "all" and name == "aopc":
-                continue  # written above, with the bins
-            for metric, modes in part.get(name, {}).items():
-                for mode, measures in modes.items():
-                    for measure, row in measures.items():
-                        write(metric, mode, label, measure, row, examples)
+            for measure, interval in measures.items():
+                rows.append(row(metric, mode, "AOPC", measure, interval, "all"))
+                rows += [row(metric, mode, b, measure, by_measure[measure], "all")
+                         for b, by_measure in summary["bins"][metric][mode].items()]
+    parts: list[tuple[str, str, Mapping[str, Any]]] = [
+        ("all", "soft", summary), ("correct", "aopc", summary.get("correct", {})),
+        ("correct", "soft", summary.get("correct", {}))]
+    for examples, name, part in parts:
+        rows += [row(metric, mode, "AOPC" if name == "aopc" else "soft", measure, interval, examples)
+                 for metric, modes in part.get(name, {}).items() for mode, measures in modes.items()
+                 for measure, interval in measures.items()]
+    return rows
+
+
+def _summary_csv(summary: Summary, task: str) -> str:
+    r"""The text of ``summary.csv`` (:func:`summary_rows`), built whole before it is written."""
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle)
+    writer.writerow(SummaryRow.columns())
+    for row in summary_rows(summary, task):
+        writer.writerow(row.cells())
     return handle.getvalue()
 
 

@@ -4,6 +4,7 @@ A folder holds one run: ``config.json`` (the configuration, the fingerprints of 
 and each session's environment),
 ``records*.jsonl`` (one line per finished example) and ``.lock`` (held while a run writes). A run resumes
 only with the same configuration, data, tokens and model, and only one run writes to a folder at a time.
+:class:`RunFolder` does all of this for a run, reading the folder once; the functions below are its steps.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import importlib.metadata
 import json
 import os
 import platform
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,14 +28,14 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from captum_cw.errors import InputError
-from captum_cw.evaluation.records import Record, Skipped, parse_record
+from captum_cw.evaluation.records import ExampleRecord, Record, Skipped, SkippedExample, read_record
 from captum_cw.evaluation.sequences import encode
 from captum_cw.files import strict_json, write_atomically
 from captum_cw.tasks import Example
 
-__all__ = ["check_data", "check_model", "check_tokens", "config_defaults", "data_fingerprint", "locked",
-           "model_fingerprint", "previous_examples", "previous_run", "read_records", "repair_tail", "session",
-           "tokens_fingerprint", "write_config"]
+__all__ = ["RecordsFile", "RunFolder", "check_data", "check_model", "check_tokens", "config_defaults",
+           "data_fingerprint", "locked", "model_fingerprint", "read_records", "repair_tail", "session",
+           "tokens_fingerprint"]
 
 _WEIGHT_SAMPLES = 64  # evenly spaced values per parameter in the sampled hash (runs stored before the full one)
 _HASH_CHUNK_BYTES = 2**26  # bytes of a weight moved to the CPU and hashed at once
@@ -42,30 +43,40 @@ _HASH_CHUNK_BYTES = 2**26  # bytes of a weight moved to the CPU and hashed at on
 
 def read_records(out: Path, include_skipped: bool = False) -> list[Record | Skipped]:
     r"""
-    The finished examples under ``out`` (every shard), in example order; a torn last line is left out.
-    Records of any version are read, their bin keys normalised (:func:`~captum_cw.evaluation.records.parse_record`).
+    The finished examples under ``out`` (every shard), in example order, in their JSON form; a torn last line is
+    left out. Records of any version are read, their bin keys normalised
+    (:func:`~captum_cw.evaluation.records.read_record`).
 
     Args:
         out (Path): the run's folder.
         include_skipped (bool, optional): also return the examples recorded as skipped
                     (``{"id", "skipped": reason}``: too short to score). Default: False
     """
+    records = _read_shards(out).values()
+    return [r.to_json() for r in _in_example_order(records) if include_skipped or isinstance(r, ExampleRecord)]
+
+
+def _read_shards(out: Path) -> dict[str, ExampleRecord | SkippedExample]:
+    r"""Every record under ``out`` by example id (a later line of an id replaces an earlier one)."""
     records = {}
     for path in sorted(out.glob("records*.jsonl")):
         with open(path) as handle:
             for line in handle:
                 try:
-                    record = parse_record(json.loads(line))
+                    record = read_record(json.loads(line))
                 except (json.JSONDecodeError, ValueError):
                     continue  # the example in flight when a run was killed
-                records[record["id"]] = record
-    kept = [r for r in records.values() if include_skipped or "skipped" not in r]
-    return sorted(kept, key=lambda r: int(r["id"].rsplit("-", 1)[1]))
+                records[record.id] = record
+    return records
+
+
+def _in_example_order(records: Collection[ExampleRecord | SkippedExample]) -> list[ExampleRecord | SkippedExample]:
+    return sorted(records, key=lambda record: record.example_index)
 
 
 def _is_record(line: bytes) -> bool:
     try:
-        parse_record(json.loads(line))
+        read_record(json.loads(line))
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
         return False
     return True
@@ -203,7 +214,7 @@ def _config_changes(before: dict, now: dict, defaults: dict, prefix: str = "") -
     return changes
 
 
-def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = None) -> dict | None:
+def _previous_run(out: Path, config: dict, resume: bool, defaults: dict) -> dict:
     r"""
     Checks that this run may write to ``out``: a folder with records must hold the same configuration
     (``limit`` aside: a larger one extends the run; ``data_dir`` aside where the data's fingerprint is stored,
@@ -215,18 +226,15 @@ def previous_run(out: Path, config: dict, resume: bool, defaults: dict | None = 
         out (Path): the run's folder.
         config (dict): this run's configuration as JSON.
         resume (bool): whether the records there are to be continued.
-        defaults (dict, optional): the default configuration as JSON, for the settings an older
-                    ``config.json`` lacks. Default: None (every setting must be stored)
+        defaults (dict): the default configuration as JSON, for the settings an older ``config.json`` lacks.
     Returns:
-        The stored ``config.json`` when records are resumed (its fingerprints are to be checked), else None.
+        The stored ``config.json`` (its fingerprints are to be checked).
     """
     path = out / "config.json"
-    if not read_records(out, include_skipped=True):
-        return None
     if not path.exists():
         raise InputError(f"{out} holds records but no config.json to check them against; use another --out.")
     stored = json.loads(path.read_text())
-    filled = _filled(stored, defaults or {})
+    filled = _filled(stored, defaults)
     unchecked = {"limit", "fingerprint", "sessions"}
     if "data" in stored.get("fingerprint", {}):  # else only the data's folder tells the data apart
         unchecked.add("data_dir")
@@ -336,17 +344,114 @@ def _installed_release() -> str | None:
         return None
 
 
-def write_config(out: Path, config: dict, fingerprint: dict[str, Any], sessions: Sequence[dict[str, Any]] = ()) -> None:
+class RecordsFile:
+    r"""A records file open for appending: each record is one line, on disk (fsynced) before the next example."""
+
+    def __init__(self, path: Path, folder: RunFolder) -> None:
+        self.path = path
+        self._folder = folder
+
+    @contextmanager
+    def opened(self) -> Iterator[RecordsFile]:
+        r"""Repairs the file's tail (:func:`repair_tail`) and holds it open while the block appends."""
+        repair_tail(self.path)
+        with open(self.path, "a") as self._handle:
+            yield self
+
+    def append(self, record: ExampleRecord | SkippedExample) -> None:
+        r"""Writes ``record`` as the file's last line (and keeps it among the folder's records)."""
+        self._handle.write(strict_json(record.to_json()) + "\n")
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._folder.records_by_id[record.id] = record
+
+
+class RunFolder:
     r"""
-    Writes ``out/config.json``: the configuration, the fingerprints of the data, its tokens and the model, and
-    the environment of each session that had examples left to compute (:func:`session`, oldest first; not
-    compared on resume).
+    The output folder of one run (see the module): reads its records once, holds its lock, refuses to resume
+    another run, checks and writes the fingerprints and sessions of ``config.json``, and appends records.
+    A run's main process :meth:`opens <open>` it under :meth:`locked`, :meth:`checks <check_model>` the model and
+    :meth:`writes its configuration <write_config>`; each process then :meth:`reads <read>` it (the main process
+    has) and appends to its own :meth:`records_file`; :meth:`records` are then those read and appended.
+
+    Args:
+        path (str or Path): the folder (made when locked).
     """
-    write_atomically(out / "config.json", strict_json({**config, "fingerprint": fingerprint,
-                                                      "sessions": list(sessions)}, indent=2))
 
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise InputError(f"{self.path} is a file; give a folder for the run's results.")
+        self.stored: dict[str, Any] | None = None  # config.json of the run resumed
+        self.records_by_id: dict[str, ExampleRecord | SkippedExample] = {}
 
-def previous_examples(previous: dict | None) -> int | None:
-    r"""How many examples the stored run's data fingerprint covers, or None."""
-    before = (previous or {}).get("fingerprint", {}).get("data")
-    return None if before is None else before["examples"]
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        r"""Makes the folder and holds its lock while the block runs (:func:`locked`)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with locked(self.path):
+            yield
+
+    def read(self) -> None:
+        r"""Reads every records file of the folder (torn lines left out)."""
+        self.records_by_id = _read_shards(self.path)
+
+    def open(self, config: dict[str, Any], defaults: dict[str, Any], *, resume: bool) -> None:
+        r"""
+        Reads the folder and checks that this run may write to it: a folder with records must hold the same
+        configuration and be resumed (see :func:`_previous_run`); keeps the stored ``config.json`` in
+        :attr:`stored`.
+
+        Args:
+            config (dict): this run's configuration as JSON.
+            defaults (dict): the default configuration as JSON, for the settings an older ``config.json`` lacks.
+            resume (bool): whether the records there are to be continued.
+        """
+        self.read()
+        self.stored = _previous_run(self.path, config, resume, defaults) if self.records_by_id else None
+
+    @property
+    def stored_examples(self) -> int | None:
+        r"""How many examples the stored run's data fingerprint covers, or None."""
+        before = (self.stored or {}).get("fingerprint", {}).get("data")
+        return None if before is None else before["examples"]
+
+    def check_data(self, examples: Sequence[Example]) -> None:
+        r"""Refuses to resume on other data (:func:`check_data`)."""
+        check_data(self.path, self.stored, examples)
+
+    def check_model(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example],
+                    max_tokens: int) -> dict[str, Any]:
+        r"""
+        Refuses to resume with another model or tokenization (:func:`check_model`, :func:`check_tokens`).
+
+        Returns:
+            The fingerprints for ``config.json``: of the data, its tokens and the model.
+        """
+        fingerprint = model_fingerprint(model)
+        check_model(self.path, self.stored, fingerprint, config_defaults(model))
+        check_tokens(self.path, self.stored, examples, tokenizer, max_tokens)
+        return {"data": data_fingerprint(examples), "tokens": tokens_fingerprint(examples, tokenizer, max_tokens),
+                "model": fingerprint}
+
+    def write_config(self, config: dict[str, Any], fingerprint: dict[str, Any], model: nn.Module,
+                     pending: Collection[str]) -> None:
+        r"""
+        Writes ``config.json``: the configuration, the fingerprints, and the environment of each session that had
+        examples left to compute (:func:`session`, oldest first; not compared on resume): this one's if any of
+        the ``pending`` example ids is not recorded yet.
+        """
+        sessions = (self.stored or {}).get("sessions", [])
+        if set(pending) - set(self.records_by_id):  # a session that computes nothing is not kept
+            sessions = [*sessions, session(model, len(self.records_by_id))]
+        write_atomically(self.path / "config.json", strict_json({**config, "fingerprint": fingerprint,
+                                                                "sessions": sessions}, indent=2))
+
+    def records_file(self, process_index: int = 0, num_processes: int = 1) -> RecordsFile:
+        r"""The records file a process appends to: ``records.jsonl``, or its own shard among several processes."""
+        name = f"records.rank{process_index}.jsonl" if num_processes > 1 else "records.jsonl"
+        return RecordsFile(self.path / name, self)
+
+    def records(self, ids: Collection[str]) -> list[ExampleRecord | SkippedExample]:
+        r"""The records of the examples ``ids`` read and appended so far, in example order."""
+        return _in_example_order([r for r in self.records_by_id.values() if r.id in ids])

@@ -4,38 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from captum_cw.architectures import find_attention_layers
 from captum_cw.errors import InputError
-from captum_cw.evaluation.protocols import ProtocolConfig, chosen_layers, evaluate_example
-from captum_cw.evaluation.records import Summary
+from captum_cw.evaluation.protocols import Protocol, ProtocolConfig, chosen_layers, example_record
+from captum_cw.evaluation.records import ExampleRecord, SkippedExample, Summary
 from captum_cw.evaluation.report import write_report
-from captum_cw.evaluation.run_folder import (
-    check_data,
-    check_model,
-    check_tokens,
-    config_defaults,
-    data_fingerprint,
-    locked,
-    model_fingerprint,
-    previous_examples,
-    previous_run,
-    read_records,
-    repair_tail,
-    session,
-    tokens_fingerprint,
-    write_config,
-)
+from captum_cw.evaluation.run_folder import RunFolder, read_records
 from captum_cw.evaluation.sequences import encode, scoring_problem
-from captum_cw.files import strict_json
-from captum_cw.tasks import SAMPLES, TASKS, Sample, load_examples
+from captum_cw.tasks import SAMPLES, TASKS, Example, Sample, load_examples
 
 __all__ = ["EvaluationConfig", "evaluate", "read_records"]
 
@@ -55,8 +41,9 @@ class EvaluationConfig:
     dtype: str | None = None
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        r"""The configuration as ``config.json`` stores it (tuples as lists, settings as their values)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
     def validate(self) -> None:
         r"""Raises a ValueError on the first setting that cannot run, before any data or model is loaded."""
@@ -72,7 +59,7 @@ class EvaluationConfig:
         if self.max_tokens < 2:
             raise InputError(f"max_tokens must be at least 2 (a text needs two tokens to be scored), got "
                              f"{self.max_tokens}.")
-        if self.protocol.protocol == "input" and TASKS[self.task].kind == "text":
+        if self.protocol.protocol == Protocol.INPUT and TASKS[self.task].kind == "text":
             raise InputError("the input-level protocol explains a prediction: use it on a multiple-choice task "
                              "(mmlu, winogrande, boolq); text tasks take --protocol layer.")
         self.protocol.validate()
@@ -118,60 +105,59 @@ def evaluate(
 
     config.validate()
     state = PartialState(cpu=not torch.cuda.is_available())  # CPU-only processes meet over gloo
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out} is a file; give a folder for the run's results.")
-    settings = json.loads(json.dumps(config.to_json()))  # tuples as the lists stored
+    folder = RunFolder(out)
     with ExitStack() as stack:
-        previous = None
         if state.is_main_process:
-            out.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(locked(out))
-            defaults = json.loads(json.dumps(EvaluationConfig().to_json()))
-            previous = previous_run(out, settings, resume, defaults)
-        stored = previous_examples(previous)  # a resumed run's data is checked as far as it went
-        limit = config.limit if config.limit is None or stored is None else max(config.limit, stored)
-        loaded = load_examples(config.task, limit, config.data_dir, config.source, config.sample, config.sample_seed)
-        check_data(out, previous, loaded)
-        examples = loaded[: config.limit]
+            stack.enter_context(folder.locked())
+            folder.open(config.to_json(), EvaluationConfig().to_json(), resume=resume)
+        examples, loaded = _examples(config, folder.stored_examples)
+        folder.check_data(loaded)  # a resumed run's data is checked as far as it went
         if model is None:
-            from captum_cw.models import DTYPES, load_model
-
-            device = device or (None if device_map else str(state.device))
-            model, tokenizer = load_model(config.model, device=device, dtype=DTYPES.get(config.dtype or ""),
-                                          device_map=device_map)
-        if config.protocol.protocol == "layer":
+            model, tokenizer = _load_model(config, device or (None if device_map else str(state.device)), device_map)
+        if config.protocol.protocol == Protocol.LAYER:
             chosen_layers(config.protocol, len(find_attention_layers(model)))  # out-of-range layers stop here
         if state.is_main_process:
-            fingerprint = model_fingerprint(model)
-            check_model(out, previous, fingerprint, config_defaults(model))
-            check_tokens(out, previous, loaded, tokenizer, config.max_tokens)
-            tokens = tokens_fingerprint(loaded, tokenizer, config.max_tokens)
-            written = [record["id"] for record in read_records(out, include_skipped=True)] if previous else []
-            pending = {example.id for example in examples} - set(written)  # a session that computes nothing is not kept
-            sessions = (previous or {}).get("sessions", []) + [session(model, len(written))] * bool(pending)
-            write_config(out, settings, {"data": data_fingerprint(loaded), "tokens": tokens, "model": fingerprint},
-                         sessions)
+            fingerprint = folder.check_model(model, tokenizer, loaded, config.max_tokens)
+            folder.write_config(config.to_json(), fingerprint, model, [example.id for example in examples])
         state.wait_for_everyone()
-        shard = out / (f"records.rank{state.process_index}.jsonl" if state.num_processes > 1 else "records.jsonl")
-        repair_tail(shard)
-        done = {record["id"] for record in read_records(out, include_skipped=True)} if resume else set()
+        if not state.is_main_process:
+            folder.read()  # once the main process has checked it
+        done = set(folder.records_by_id) if resume else set()
         mine = [e for i, e in enumerate(examples)
                 if i % state.num_processes == state.process_index and e.id not in done]
-        with open(shard, "a") as handle:
+        with folder.records_file(state.process_index, state.num_processes).opened() as records:
             for example in tqdm(mine, desc=f"{config.task} ({config.protocol.protocol} level)",
                                 disable=not progress, position=state.process_index):
-                encoded = encode(example, tokenizer, config.max_tokens)
-                problem = scoring_problem(encoded)
-                record = ({"id": example.id, "skipped": problem} if problem
-                          else evaluate_example(model, encoded, config.protocol))
-                handle.write(strict_json(record) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
+                records.append(_example_record(model, tokenizer, example, config))
         state.wait_for_everyone()
-        summary = None
-        if state.is_main_process:
-            wanted = {example.id for example in examples}
-            records = [r for r in read_records(out, include_skipped=True) if r["id"] in wanted]
-            summary = write_report(records, config, out)
-    return summary
+        if not state.is_main_process:
+            return None
+        if state.num_processes > 1:
+            folder.read()  # the other processes' shards
+        records_json = [record.to_json() for record in folder.records({example.id for example in examples})]
+        return write_report(records_json, config, folder.path)
+
+
+def _examples(config: EvaluationConfig, stored: int | None) -> tuple[list[Example], list[Example]]:
+    r"""
+    The examples to run (``config.limit`` of them) and those loaded: as many more as a resumed run stored
+    (``stored``), so that its data can be checked as far as it went.
+    """
+    limit = config.limit if config.limit is None or stored is None else max(config.limit, stored)
+    loaded = load_examples(config.task, limit, config.data_dir, config.source, config.sample, config.sample_seed)
+    return loaded[: config.limit], loaded
+
+
+def _load_model(config: EvaluationConfig, device: str | None,
+                device_map: str | None) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+    from captum_cw.models import DTYPES, load_model
+
+    return load_model(config.model, device=device, dtype=DTYPES.get(config.dtype or ""), device_map=device_map)
+
+
+def _example_record(model: nn.Module, tokenizer: PreTrainedTokenizerBase, example: Example,
+                    config: EvaluationConfig) -> ExampleRecord | SkippedExample:
+    r"""The example's record, or why it is skipped (too short to score)."""
+    encoded = encode(example, tokenizer, config.max_tokens)
+    problem = scoring_problem(encoded)
+    return SkippedExample(example.id, problem) if problem else example_record(model, encoded, config.protocol)

@@ -7,7 +7,7 @@ The examples are those of a ``benchmarks/peers.py`` run that the model answers (
 gives the prompt style and seed, ``--tasks`` and ``--n`` must be the run's). For each example, every metric's
 token scores at the last position are kept per layer (one pass for the five attention metrics,
 ``captum_cw.attribute_metrics``), and the target-aware contributions of each layer
-(``TokenContributions(target=answer)`` restricted to that layer: one forward and one backward per layer). Pointing
+(one forward and one backward pass for every layer). Pointing
 at a layer is the share of the evidence among the context's top-scoring tokens (ties shared), as in peers.py;
 ``mean`` is the pointing of the scores averaged over layers (TokenContributions' default aggregation), ``last`` the
 last layer's. Results are appended per example to ``OUT/results.jsonl`` (a rerun skips what is done);
@@ -39,25 +39,31 @@ GROUPS = {"all ground-truth tasks": lambda r: True,
           "evidence that is not the answer string": lambda r: not r["copy"]}
 
 
-def layer_scores(model, encoded, n_layers: int) -> dict[str, np.ndarray]:
-    r"""``{metric: (n_layers, n_context)}`` scores of the context's tokens at the last position, every layer."""
+def layer_scores(model, encoded) -> dict[str, np.ndarray]:
+    r"""``{metric: (n_layers, n_context)}`` scores of the context's tokens at the last position, every layer: the
+    five attention metrics from one pass, the target-aware contributions of every layer from one forward and one
+    backward pass (``captum_cw.target_contributions.target_scores``, what ``TokenContributions(target=)``
+    averages over layers)."""
     import torch
 
-    from captum_cw import TokenContributions, attribute_metrics
+    from captum_cw import attribute_metrics, find_attention_layers
+    from captum_cw.positions import Positions
+    from captum_cw.scoring import prepare_call
+    from captum_cw.target_contributions import target_scores
 
-    ids = encoded.input_ids.to(next(model.parameters()).device)
+    ids = encoded.input_ids.to(next(model.parameters()).device)  # [1, n]
     context = torch.tensor(encoded.context)
     found = attribute_metrics(model, ids, list(METRICS), query_positions=[-1])
     scores = {name: found.scores[name][0, :, 0][:, context].double().cpu().numpy() for name in METRICS}
-    scores[TARGET] = np.stack([
-        TokenContributions(model, metric="cw_inter", layers=[layer], layer_aggregation="last")
-        .attribute(ids, target=encoded.target)[0, context].detach().double().cpu().numpy()
-        for layer in range(n_layers)])  # [layers, context]
+    call = prepare_call(model, ids, None, None, Positions(None))
+    last, target = torch.tensor([ids.shape[1] - 1]), torch.tensor([encoded.target])
+    per_layer = target_scores(model, find_attention_layers(model), None, call.inputs, call.positional, last,
+                              target).scores  # [1, layers, n]
+    scores[TARGET] = per_layer[0][:, context].detach().double().cpu().numpy()
     return scores
 
 
 def run(args: argparse.Namespace) -> None:
-    from captum_cw import find_attention_layers
     from captum_cw.models import load_model
 
     out = Path(args.out)
@@ -68,13 +74,12 @@ def run(args: argparse.Namespace) -> None:
                 if r["method"] == "answered" and r["correct"]}
     done = {r["example"] for r in read_results(path)}
     model, tokenizer = load_model(args.model, device=args.device)
-    n_layers = len(find_attention_layers(model))
     args.seed, args.boolq_data = settings["seed"], None
     todo = [e for e in examples_of(args) if e.id in answered and e.id not in done]
     with open(path, "a", encoding="utf-8") as results:
         for example in tqdm(todo, desc=f"layers ({Path(args.model).name})"):
             encoded = encode_example(tokenizer, example, settings["style"])
-            scores = layer_scores(model, encoded, n_layers)
+            scores = layer_scores(model, encoded)
             is_evidence = np.isin(np.asarray(encoded.context), encoded.evidence).tolist()
             results.write(json.dumps({"example": example.id, "task": example.task, "copy": example.copy,
                                       "evidence": is_evidence,

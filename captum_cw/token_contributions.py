@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from captum_cw.attribution import _untuple, attributor_for
 from captum_cw.errors import InputError, refuse_captum_arguments, refuse_noisy_token_ids, require_model
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
-from captum_cw.metrics import get_metric
+from captum_cw.metrics import ATTENTION, CW_INTER
 from captum_cw.scan import ModelInputs, check_inputs, prepare_inputs
 from captum_cw.target_contributions import TARGET_ROWS, target_scores
 
@@ -88,7 +88,8 @@ class TokenContributions(Attribution):
         model (nn.Module): a transformers model of a supported architecture.
         layers (int or Sequence[int], optional): layers to use. Default: all.
         heads (int or Sequence[int], optional): heads to use. Default: all.
-        metric (str, optional): any per-head metric: ``"cw_inter"``, ``"cw_intra"``,
+        metric (str, optional): any registered per-head metric, by name or alias
+                    (:func:`captum_cw.metrics.metric_names`): ``"cw_inter"``, ``"cw_intra"``,
                     ``"attention"``, ``"value_weighted"``, ``"output_normalized"``.
                     Default: ``"cw_inter"``
         layer_aggregation (str, optional): ``"last"``, ``"mean"`` or ``"rollout"``.
@@ -125,7 +126,7 @@ class TokenContributions(Attribution):
         model: nn.Module,
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
-        metric: str = "cw_inter",
+        metric: str = CW_INTER.name,
         layer_aggregation: str = "mean",
         position: Position = None,
         chunk_size: int | None = None,
@@ -145,7 +146,7 @@ class TokenContributions(Attribution):
         super().__init__(model)
         self.model = model
         self.attributor = attributor_for(metric, model, layers, heads, chunk_size, verify)
-        self.metric = metric
+        self.metric = self.attributor.metric.name  # the name, also when an alias was given
         self.layer_aggregation = layer_aggregation
         self.position = position
         self.target_rows = target_rows
@@ -228,11 +229,11 @@ class TokenContributions(Attribution):
             return in_forward_order(scores, self.attributor.layers), None
         model_inputs, positional = self.attributor._prepare(inputs, attention_mask, additional_forward_args, rows,
                                                             True)
-        metrics = list(dict.fromkeys([self.attributor.metric, get_metric("attention")]))
+        metrics = list(dict.fromkeys([self.attributor.metric, ATTENTION]))
         found, _, _ = self.attributor._scan_metrics(model_inputs, positional, rows, False, metrics)
         layers = self.attributor.layers
         return (in_forward_order(found[self.attributor.metric.name], layers),
-                in_forward_order(found["attention"], layers))
+                in_forward_order(found[ATTENTION.name], layers))
 
     def _aggregate(self, scores: Tensor, rows: Tensor) -> Tensor:
         r"""One score per key for row ``rows[b]`` of each example: ``(batch, n)``."""

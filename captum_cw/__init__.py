@@ -1,6 +1,12 @@
 """captum_cw: contribution weights and attention baselines as Captum attributors."""
 
-from captum_cw.architectures import Architecture, find_attention_layers, register_architecture, registered_architectures
+from captum_cw.architectures import (
+    Architecture,
+    AttentionLayer,
+    find_attention_layers,
+    register_architecture,
+    registered_architectures,
+)
 from captum_cw.attribution import (
     AttentionWeights,
     ContributionFactors,
@@ -11,7 +17,8 @@ from captum_cw.attribution import (
     ValueWeightedAttention,
     attribute_metrics,
 )
-from captum_cw.metrics import METRICS, Metric, register_metric
+from captum_cw.llm import LLMContributionAttribution
+from captum_cw.metrics import Metric, get_metric, metric_names, register_metric
 from captum_cw.sources import SourceAttribution, SourceContributions
 from captum_cw.token_contributions import TokenContributions
 
@@ -19,10 +26,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Architecture",
+    "AttentionLayer",
     "AttentionWeights",
     "ContributionFactors",
     "ContributionWeights",
-    "METRICS",
+    "LLMContributionAttribution",
     "Metric",
     "MetricAttribution",
     "MetricScores",
@@ -33,6 +41,8 @@ __all__ = [
     "ValueWeightedAttention",
     "attribute_metrics",
     "find_attention_layers",
+    "get_metric",
+    "metric_names",
     "register_architecture",
     "register_metric",
     "registered_architectures",

@@ -19,7 +19,16 @@ from captum_cw.errors import (
     refuse_noisy_token_ids,
     require_model,
 )
-from captum_cw.metrics import METRICS, Metric, get_metric
+from captum_cw.metrics import (
+    ATTENTION,
+    CW_INTER,
+    OUTPUT_NORMALIZED,
+    VALUE_WEIGHTED,
+    Metric,
+    deprecated_variant,
+    get_metric,
+    metric_names,
+)
 from captum_cw.positions import Positions
 from captum_cw.scan import untuple
 from captum_cw.scoring import (
@@ -86,13 +95,13 @@ class MetricScores(NamedTuple):
 
 class MetricAttribution(Attribution):
     r"""
-    The scores of any registered per-head metric (:data:`captum_cw.metrics.METRICS`)
+    The scores of any registered per-head metric (:func:`captum_cw.metrics.metric_names`)
     for the selected layers, heads and query rows; :class:`ContributionWeights` and
     the baselines are this class with their metric fixed.
 
     Args:
         model (nn.Module): a transformers model of a supported architecture.
-        metric (str): a registered metric name, e.g. ``"cw_inter"``.
+        metric (str): a registered metric's name or alias, e.g. ``"cw_inter"``.
         layers (int or Sequence[int], optional): layers to attribute, in the order
                     wanted (negative counts from the end). Default: all.
         heads (int or Sequence[int], optional): heads to keep. Default: all.
@@ -357,16 +366,19 @@ class ContributionWeights(MetricAttribution):
     key's weighted, projected value vector onto the attention output,
     ``c_ij = alpha_ij <o_i, vt_j> / ||o_i||^2``.
 
-    ``variant="inter"`` projects on the layer output ``o_i = sum_h o_h,i`` (rows
-    sum to 1 over heads and keys; heads are aggregated by sum), ``variant="intra"``
-    on each head's own output (rows sum to 1 per head; heads aggregated by mean).
+    ``metric="cw_inter"`` (alias ``"inter"``) projects on the layer output
+    ``o_i = sum_h o_h,i`` (rows sum to 1 over heads and keys; heads are aggregated
+    by sum), ``metric="cw_intra"`` (alias ``"intra"``) on each head's own output
+    (rows sum to 1 per head; heads aggregated by mean).
 
     Args:
         model (nn.Module): a transformers model of a registered architecture.
         layers (int or Sequence[int], optional): layers to attribute, in the order
                     wanted (negative counts from the end). Default: all.
         heads (int or Sequence[int], optional): heads to keep. Default: all.
-        variant (str, optional): ``"inter"`` or ``"intra"``. Default: ``"inter"``.
+        metric (str, optional): a contribution-weight metric (one with
+                    :attr:`~captum_cw.metrics.Metric.projected_on`), by name or alias:
+                    ``"cw_inter"`` or ``"cw_intra"``. Default: ``"cw_inter"``
         chunk_size (int, optional): query rows computed at once per layer.
                     Default: None (as many as keep one block of scores within
                     :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
@@ -376,6 +388,8 @@ class ContributionWeights(MetricAttribution):
                     projection applied to it, else a ValueError names the layer.
                     It costs about 1% of ``attribute``; pass False only for a model
                     whose mismatch you understand. Default: True
+        variant (str, optional): deprecated: the former name of ``metric``
+                    (``"inter"``, ``"intra"``), with a DeprecationWarning.
 
     Examples::
 
@@ -390,15 +404,22 @@ class ContributionWeights(MetricAttribution):
         model: nn.Module,
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
-        variant: str = "inter",
+        metric: str | None = None,
         chunk_size: int | None = None,
         verify: bool = True,
+        *,
+        variant: str | None = None,
         **captum_arguments: Any,
     ) -> None:
-        if variant not in ("inter", "intra"):
-            raise InputError(f"variant must be 'inter' or 'intra', got {variant!r}.")
-        super().__init__(model, f"cw_{variant}", layers, heads, chunk_size, verify, **captum_arguments)
-        self.variant = variant
+        given = deprecated_variant(metric, variant, type(self).__name__)
+        chosen = CW_INTER if given is None else get_metric(given)
+        if chosen.projected_on is None:
+            contribution_weights = [name for name in metric_names() if get_metric(name).projected_on is not None]
+            raise InputError(f"ContributionWeights computes contribution weights: metric must be one of "
+                             f"{', '.join(contribution_weights)} (or an alias), got {chosen.name!r}; "
+                             f"attributor_for({chosen.name!r}, model) gives its attributor.")
+        super().__init__(model, chosen.name, layers, heads, chunk_size, verify, **captum_arguments)
+        self.projected_on: Literal["layer", "head"] = chosen.projected_on  # what the factors divide by
 
     def attribute_factors(
         self,
@@ -410,7 +431,8 @@ class ContributionWeights(MetricAttribution):
         r"""
         The three-factor decomposition ``cw = attention * relative_norm * cosine``
         (``relative_norm = ||vt_j|| / ||o_i||``, ``cosine = cos(o_i, vt_j)``) for
-        the selected layers and heads, with ``o`` as the variant defines it.
+        the selected layers and heads, with ``o`` as the metric defines it
+        (:attr:`~captum_cw.metrics.Metric.projected_on`).
 
         Args: as :meth:`attribute`.
 
@@ -421,7 +443,7 @@ class ContributionWeights(MetricAttribution):
         """
         call = prepare_call(self.model, inputs, attention_mask, additional_forward_args,
                             Positions.shared(query_positions))
-        return score_factors(self.model, self.scope, call, self.variant)
+        return score_factors(self.model, self.scope, call, self.projected_on)
 
 
 class AttentionWeights(_FixedMetricAttribution):
@@ -440,7 +462,7 @@ class AttentionWeights(_FixedMetricAttribution):
         verify (bool, optional): run the self-check, as in :class:`ContributionWeights`. Default: True
     """
 
-    metric_name = "attention"
+    metric_name = ATTENTION.name
 
 
 class ValueWeightedAttention(_FixedMetricAttribution):
@@ -451,7 +473,7 @@ class ValueWeightedAttention(_FixedMetricAttribution):
     Args: as :class:`AttentionWeights`.
     """
 
-    metric_name = "value_weighted"
+    metric_name = VALUE_WEIGHTED.name
 
 
 class OutputNormalizedAttention(_FixedMetricAttribution):
@@ -463,7 +485,7 @@ class OutputNormalizedAttention(_FixedMetricAttribution):
     Args: as :class:`AttentionWeights`.
     """
 
-    metric_name = "output_normalized"
+    metric_name = OUTPUT_NORMALIZED.name
 
 
 
@@ -475,14 +497,15 @@ def attributor_for(
     chunk_size: int | None = None,
     verify: bool = True,
 ) -> MetricAttribution:
-    r"""The attributor of a registered metric by name: its named class where it has one."""
-    get_metric(metric)
-    if metric in ("cw_inter", "cw_intra"):
-        return ContributionWeights(model, layers, heads, metric.removeprefix("cw_"), chunk_size, verify)
+    r"""The attributor of a registered metric by name or alias: its named class where it has one
+    (:class:`ContributionWeights` for the contribution weights)."""
+    name = get_metric(metric).name
+    if get_metric(name).projected_on is not None:
+        return ContributionWeights(model, layers, heads, name, chunk_size, verify)
     named = {cls.metric_name: cls for cls in _FixedMetricAttribution.__subclasses__()}
-    if metric in named:
-        return named[metric](model, layers, heads, chunk_size, verify)
-    return MetricAttribution(model, metric, layers, heads, chunk_size, verify)
+    if name in named:
+        return named[name](model, layers, heads, chunk_size, verify)
+    return MetricAttribution(model, name, layers, heads, chunk_size, verify)
 
 
 def attribute_metrics(
@@ -503,8 +526,9 @@ def attribute_metrics(
     :meth:`~MetricAttribution.attribute` would return it.
 
     Args:
-        metrics (Sequence[str], optional): registered metric names. Default: all
-                    registered at the time of the call.
+        metrics (Sequence[str], optional): registered metric names or aliases; the
+                    results are keyed by name. Default: all registered at the time
+                    of the call.
         Others: as :class:`MetricAttribution` and :meth:`MetricAttribution.attribute`.
 
     Returns:
@@ -521,7 +545,7 @@ def attribute_metrics(
         >>> bool((found.deltas["cw_inter"] < 1e-4).all())  # rows sum to 1
         True
     """
-    chosen = [get_metric(name) for name in (METRICS if metrics is None else metrics)]
+    chosen = [get_metric(name) for name in (metric_names() if metrics is None else metrics)]
     if not chosen or len({metric.name for metric in chosen}) != len(chosen):
         raise InputError(f"metrics must name at least one metric, each once; got {[m.name for m in chosen]!r}.")
     attributor = MetricAttribution(model, chosen[0].name, layers, heads, chunk_size, verify)

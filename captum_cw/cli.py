@@ -10,6 +10,7 @@ from pathlib import Path
 from captum_cw.arguments import OneLineParser, device, int_at_least, non_negative_float, percent, probability
 from captum_cw.errors import CaptumCWError, InputError
 from captum_cw.files import strict_json
+from captum_cw.metrics import CW_INTER, CW_INTRA, get_metric, metric_names
 from captum_cw.models import DTYPES, load_model
 from captum_cw.tasks import SAMPLES, SOURCES, TASKS, load_examples
 
@@ -47,13 +48,32 @@ def _over_layers(view) -> str:
     return text + ("" if len(view.heads) == view.n_heads else f", heads {index_ranges(view.heads)}")
 
 
-def _scores(model, tokenizer, args: argparse.Namespace):
+def _metric(text: str) -> str:
+    r"""The name of the metric ``text`` names or aliases (an argparse ``type``: an unknown one is refused)."""
+    try:
+        return get_metric(text).name
+    except InputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _chosen_metrics(args: argparse.Namespace) -> list[str] | None:
+    r"""``attribute``'s ``--metric``, or the deprecated ``--variant`` in its place (said on stderr); None: the
+    default."""
+    if args.variant is None:
+        return args.metric
+    if args.metric is not None:
+        raise InputError("give --metric only; --variant is its deprecated former name.")
+    print(f"captum-cw attribute: --variant is deprecated; use --metric {args.variant}.", file=sys.stderr)
+    return [args.variant]
+
+
+def _scores(model, tokenizer, args: argparse.Namespace, metrics: list[str] | None):
     r"""Every score ``attribute`` prints or writes, in one :class:`~captum_cw.views.AttributionView`."""
     from captum_cw.views import attribution_view
 
     return attribution_view(model, tokenizer, args.text, args.target, layers=args.layers, heads=args.heads,
-                            variants=(args.variant,) if args.variant else ("inter", "intra"),
-                            aggregation=args.aggregation, position=args.position, model_name=args.model)
+                            metrics=metrics, aggregation=args.aggregation, position=args.position,
+                            model_name=args.model)
 
 
 def _output_files(args: argparse.Namespace) -> tuple[Path | None, dict[str, Path]]:
@@ -79,13 +99,14 @@ def _attribute(args: argparse.Namespace) -> int:
     if args.target is not None and args.position is not None:
         raise InputError("give --position or --target, not both: with --target the positions that predict its "
                          "tokens are explained.")
+    metrics = _chosen_metrics(args)
     heatmap, views = _output_files(args)
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
-    view = _scores(model, tokenizer, args)
+    view = _scores(model, tokenizer, args, metrics)
     sinks = set(view.sinks())
     explained, title = _what(view)
     print(f"Scores of each token for {explained}, {_over_layers(view)}:")
-    labels = [METRIC_LABELS[metric] for metric in view.metrics]
+    labels = [METRIC_LABELS.get(metric, metric) for metric in view.metrics]
     print(f"{'token':>16}  " + "  ".join(f"{label:>20}" for label in labels))
     for key, token in enumerate(view.tokens):
         cells = "  ".join(f"{view.aggregated[metric][:, key].sum().item():>20.4f}" for metric in view.metrics)
@@ -185,8 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     attribute.add_argument("--layers", type=int, nargs="+", default=None,
                            help="layers to use (default all; negative indices count from the end)")
     attribute.add_argument("--heads", type=int, nargs="+", default=None, help="heads to use (default all)")
-    attribute.add_argument("--variant", default=None, choices=["inter", "intra"],
-                           help="contribution weights of one variant only (default: both); attention is always shown")
+    attribute.add_argument("--metric", type=_metric, nargs="+", default=None, choices=metric_names(),
+                           metavar="METRIC", help=f"the metrics to show: {', '.join(metric_names())}, or an alias "
+                           f"(default: {CW_INTER.name} {CW_INTRA.name}); attention is always shown")
+    attribute.add_argument("--variant", type=_metric, default=None,
+                           help="deprecated: the former name of --metric (inter or intra)")
     attribute.add_argument("--aggregation", default="mean", choices=["last", "mean", "rollout"],
                            help="how the table, HTML strips and files combine layers (default: mean)")
     attribute.add_argument("--out", default=None,

@@ -11,6 +11,7 @@ first, so the cost per head is that of one ``Q K^T`` product.
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -148,22 +149,23 @@ class HeadGeometry:
         r"""``alpha <o, vt> / ||o||^2`` per head (0 where ``o = 0``): ``(batch, head, row, key)``."""
         return (self._inter_direction @ self.values.transpose(-1, -2)).mul_(self.alpha)
 
-    def decomposition(self, variant: str) -> tuple[Tensor, Tensor, Tensor]:
+    def decomposition(self, output: Literal["layer", "head"]) -> tuple[Tensor, Tensor, Tensor]:
         r"""
         The three factors of ``cw = alpha * (||vt|| / ||o||) * cos(o, vt)``.
 
         Args:
-            variant (str): ``"inter"`` (``o`` is the layer output) or ``"intra"``
-                        (``o`` is the head output).
+            output (str): what ``o`` is: ``"layer"``, the layer output (inter-head contribution weights), or
+                        ``"head"``, the head output (intra-head); a metric's
+                        :attr:`~captum_cw.metrics.Metric.projected_on`.
         Returns:
             ``(alpha, relative_norm, cosine)``, each ``(batch, head, row, key)``.
         """
-        if variant == "inter":
+        if output == "layer":
             output_norms, dots = self.layer_output_norms, self.inter_dots
-        elif variant == "intra":
+        elif output == "head":
             output_norms, dots = self.head_output_norms, self.intra_dots
         else:
-            raise InputError(f"variant must be 'inter' or 'intra', got {variant!r}.")
+            raise InputError(f"output must be 'layer' or 'head', got {output!r}.")
         relative_norm = safe_divide(self.value_norms, output_norms).expand_as(self.alpha)
         cosine = safe_divide(dots, output_norms * self.value_norms)
         return self.alpha, relative_norm, cosine

@@ -29,6 +29,7 @@ from inseq.utils.typing import InseqAttribution
 
 from captum_cw import attribution
 from captum_cw.errors import InputError
+from captum_cw.metrics import deprecated_variant
 
 __all__ = ["ContributionWeightsAttribution"]
 
@@ -43,7 +44,7 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
     the scores of generated token ``t`` at position ``p`` are the row ``p - 1`` (the
     position that predicts it) of each selected layer, over the keys ``0..p-1``.
     Heads are aggregated as :class:`captum_cw.ContributionWeights` does (summed for
-    ``variant="inter"``, so a layer's row sums to 1; averaged for ``"intra"``)
+    ``metric="cw_inter"``, so a layer's row sums to 1; averaged for ``"cw_intra"``)
     unless ``per_head=True`` is passed to ``attribute``. inseq's default aggregation
     then averages the layers (and the heads, when kept), which gives
     :class:`captum_cw.TokenContributions` with ``layer_aggregation="mean"``.
@@ -54,12 +55,15 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
         layers (int or Sequence[int], optional): layers to attribute, in the order
                     wanted (negative counts from the end). Default: all.
         heads (int or Sequence[int], optional): heads to keep. Default: all.
-        variant (str, optional): ``"inter"`` or ``"intra"``. Default: ``"inter"``
+        metric (str, optional): ``"cw_inter"`` or ``"cw_intra"`` (or an alias:
+                    ``"inter"``, ``"intra"``). Default: ``"cw_inter"``
         chunk_size (int, optional): query rows computed at once per layer.
                     Default: None (as many as keep one block of scores within
                     :data:`captum_cw.scan.CHUNK_ELEMENTS` numbers)
         verify (bool, optional): run captum_cw's self-check (see
                     :class:`captum_cw.ContributionWeights`). Default: True
+        variant (str, optional): deprecated: the former name of ``metric``
+                    (``"inter"``, ``"intra"``), with a DeprecationWarning.
 
     Keyword argument of ``model.attribute(...)``: ``per_head`` (bool, default
     False), keep the head dimension.
@@ -121,9 +125,11 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
         attribution_model: Any,
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
-        variant: str = "inter",
+        metric: str | None = None,
         chunk_size: int | None = None,
         verify: bool = True,
+        *,
+        variant: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(attribution_model, **kwargs)
@@ -138,7 +144,8 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
         # One forward pass of the whole sequence gives the rows of every generation step
         self.is_final_step_method = True
         attributor = attribution.ContributionWeights(attribution_model.model, layers=layers, heads=heads,
-                                                     variant=variant, chunk_size=chunk_size, verify=verify)
+                                                     metric=deprecated_variant(metric, variant, self.method_name),
+                                                     chunk_size=chunk_size, verify=verify)
         self.method = self.ContributionWeights(attribution_model, attributor)
 
     def prepare_and_attribute(self, sources: Any, targets: Any, *args: Any, batch_size: int | None = None,

@@ -14,9 +14,10 @@ from captum.attr import LLMAttributionResult, TextTemplateInput, TextTokenInput
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from captum_cw.attribution import AttentionWeights, ContributionWeights
+from captum_cw.attribution import attributor_for
 from captum_cw.errors import InputError, UnsupportedSetupError, refuse_captum_arguments, require_model
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
+from captum_cw.metrics import CW_INTER, deprecated_variant
 from captum_cw.models import readable_tokens
 from captum_cw.positions import Positions
 
@@ -166,7 +167,7 @@ class LLMContributionAttribution:
     ``LLMAttribution`` interface with lists of prompts computed in batched passes.
 
     For target token ``t`` the query row is the position that predicts it (the
-    token before it). Heads are aggregated as :class:`ContributionWeights` does
+    token before it). Heads are aggregated as :class:`~captum_cw.ContributionWeights` does
     (sum for inter-head, mean for intra-head and attention); layers by
     ``layer_aggregation``: ``"last"`` (the deepest selected layer), ``"mean"``
     (their mean) or ``"rollout"``. ``token_attr[t, j]`` is the score of prompt
@@ -193,10 +194,14 @@ class LLMContributionAttribution:
                     ``TextTemplateInput``).
         layer_aggregation (str, optional): ``"last"``, ``"mean"`` or ``"rollout"``.
                     Default: ``"mean"``
-        variant (str, optional): ``"inter"``, ``"intra"``, or ``"attention"`` for
-                    the raw-attention baseline. Default: ``"inter"``
+        metric (str, optional): a registered metric's name or alias
+                    (:func:`captum_cw.metrics.metric_names`): ``"cw_inter"``,
+                    ``"cw_intra"``, or a baseline such as ``"attention"``.
+                    Default: ``"cw_inter"``
         layers (Sequence[int], optional): layers to use. Default: all.
         heads (Sequence[int], optional): heads to use. Default: all.
+        variant (str, optional): deprecated: the former name of ``metric``
+                    (``"inter"``, ``"intra"``, ``"attention"``), with a DeprecationWarning.
 
     Examples::
 
@@ -219,9 +224,11 @@ class LLMContributionAttribution:
         model: nn.Module,
         tokenizer: PreTrainedTokenizerBase,
         layer_aggregation: str = "mean",
-        variant: str = "inter",
+        metric: str | None = None,
         layers: Sequence[int] | None = None,
         heads: Sequence[int] | None = None,
+        *,
+        variant: str | None = None,
         **captum_arguments: Any,
     ) -> None:
         require_model(model, type(self).__name__)
@@ -232,10 +239,8 @@ class LLMContributionAttribution:
         self.model = model
         self.tokenizer = tokenizer
         self.layer_aggregation = layer_aggregation
-        if variant == "attention":
-            self.attributor = AttentionWeights(model, layers=layers, heads=heads)
-        else:
-            self.attributor = ContributionWeights(model, layers=layers, heads=heads, variant=variant)
+        given = deprecated_variant(metric, variant, type(self).__name__)
+        self.attributor = attributor_for(CW_INTER.name if given is None else given, model, layers, heads)
         forward = inspect.signature(model.forward).parameters
         self._takes_position_ids = "position_ids" in forward
 

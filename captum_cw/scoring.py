@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -258,11 +258,12 @@ def convergence_delta(attributions: Tensor, expected: Tensor) -> Tensor:
     return (attributions.sum(-1) - expected).abs().flatten(1).amax(1)
 
 
-def score_factors(model: nn.Module, scope: Scope, call: PreparedCall, variant: str) -> ContributionFactors:
+def score_factors(model: nn.Module, scope: Scope, call: PreparedCall, projected_on: Literal["layer", "head"]
+                  ) -> ContributionFactors:
     r"""
     The three factors of contribution weights ``cw = attention * relative_norm * cosine`` for the selected layers,
-    heads and rows, with ``o`` as ``variant`` (``"inter"`` or ``"intra"``) defines it; padded keys and rows are 0
-    in every factor.
+    heads and rows, with ``o`` the output ``projected_on`` names (``"layer"``: inter-head, ``"head"``:
+    intra-head); padded keys and rows are 0 in every factor.
 
     Returns:
         :class:`ContributionFactors`, each ``(batch, n_layers, n_heads, n_query, n_key)``.
@@ -272,7 +273,7 @@ def score_factors(model: nn.Module, scope: Scope, call: PreparedCall, variant: s
 
     def on_chunk(k: int, rows: Tensor, geometry: HeadGeometry) -> None:
         stitcher.begin(geometry)
-        for name, factor in zip(ContributionFactors._fields, geometry.decomposition(variant)):
+        for name, factor in zip(ContributionFactors._fields, geometry.decomposition(projected_on)):
             selected = scope.selected_heads(factor).to(stitcher.device, torch.float32)  # [batch, head, row, key]
             if padding is not None:
                 selected = selected * (padding[:, None, rows, None] & padding[:, None, None, :])

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from captum_cw.attribution import attributor_for
 from captum_cw.errors import InputError, refuse_captum_arguments, refuse_noisy_token_ids, require_model
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
-from captum_cw.metrics import get_metric
+from captum_cw.metrics import ATTENTION, CW_INTER
 from captum_cw.positions import Positions
 from captum_cw.scan import ModelInputs, untuple
 from captum_cw.scoring import PreparedCall, prepare_call, score_metrics
@@ -70,7 +70,8 @@ class TokenContributions(Attribution):
         model (nn.Module): a transformers model of a supported architecture.
         layers (int or Sequence[int], optional): layers to use. Default: all.
         heads (int or Sequence[int], optional): heads to use. Default: all.
-        metric (str, optional): any per-head metric: ``"cw_inter"``, ``"cw_intra"``,
+        metric (str, optional): any registered per-head metric, by name or alias
+                    (:func:`captum_cw.metrics.metric_names`): ``"cw_inter"``, ``"cw_intra"``,
                     ``"attention"``, ``"value_weighted"``, ``"output_normalized"``.
                     Default: ``"cw_inter"``
         layer_aggregation (str, optional): ``"last"``, ``"mean"`` or ``"rollout"``.
@@ -109,7 +110,7 @@ class TokenContributions(Attribution):
         model: nn.Module,
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
-        metric: str = "cw_inter",
+        metric: str = CW_INTER.name,
         layer_aggregation: str = "mean",
         position: Position = None,
         chunk_size: int | None = None,
@@ -129,7 +130,7 @@ class TokenContributions(Attribution):
         super().__init__(model)
         self.model = model
         self.attributor = attributor_for(metric, model, layers, heads, chunk_size, verify)
-        self.metric = metric
+        self.metric = self.attributor.metric.name  # the name, also when an alias was given
         self.layer_aggregation = layer_aggregation
         self.position = position
         self.target_rows = target_rows
@@ -206,10 +207,10 @@ class TokenContributions(Attribution):
         and with ``with_attention`` the attention of the same rows (mean over heads, same shape) from the same
         pass."""
         attributor = self.attributor
-        metrics = [attributor.metric] + ([get_metric("attention")] if with_attention else [])
+        metrics = [attributor.metric] + ([ATTENTION] if with_attention else [])
         found = score_metrics(self.model, attributor.scope, replace(call, positions=positions),
                               list(dict.fromkeys(metrics)))
-        attention = found.scores["attention"] if with_attention else None
+        attention = found.scores[ATTENTION.name] if with_attention else None
         return (in_forward_order(found.scores[attributor.metric.name], attributor.layers),
                 None if attention is None else in_forward_order(attention, attributor.layers))
 

@@ -54,7 +54,7 @@ def test_registered_family_matches_brute_force(name):
     family, model, inputs, mask, reference = _case(name)
     for implementation in family.implementations:
         model.set_attn_implementation(implementation)
-        scores = ContributionWeights(model, variant="intra").attribute(inputs, attention_mask=mask, per_head=True)
+        scores = ContributionWeights(model, metric="cw_intra").attribute(inputs, attention_mask=mask, per_head=True)
         assert_matches(scores, reference["cw_intra"])
     factors = ContributionWeights(model).attribute_factors(inputs, attention_mask=mask)
     assert_matches(factors.attention, reference["attention"])

@@ -1,4 +1,4 @@
-"""``captum-cw attribute``: target, position, layers, heads, variant, aggregation, and the HTML, JSON and CSV
+"""``captum-cw attribute``: target, position, layers, heads, metrics, aggregation, and the HTML, JSON and CSV
 files, on the two-layer random Llama (fast); user errors exit 2 with one line."""
 
 import csv
@@ -53,8 +53,8 @@ def test_target_writes_json_csv_and_html(capsys, tiny_llm_dir, tmp_path):
     assert page.startswith("<!DOCTYPE html>") and "France" in page
 
 
-def test_layers_heads_variant_aggregation_and_position(capsys, tiny_llm_dir, tmp_path):
-    out = _run(capsys, tiny_llm_dir, tmp_path, "--layers", "-1", "--heads", "2", "0", "--variant", "intra",
+def test_layers_heads_metric_aggregation_and_position(capsys, tiny_llm_dir, tmp_path):
+    out = _run(capsys, tiny_llm_dir, tmp_path, "--layers", "-1", "--heads", "2", "0", "--metric", "intra",
                "--aggregation", "last", "--position", "2", "--json", str(tmp_path / "s.json"))
     first = out.splitlines()[0]
     assert first.startswith("Scores of each token for position 2 (' of'; next token predicted: ")
@@ -65,12 +65,13 @@ def test_layers_heads_variant_aggregation_and_position(capsys, tiny_llm_dir, tmp
     assert list(document["scores"]) == ["cw_intra", "attention"] and len(document["tokens"]) == 3
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llm_dir).eval()
     ids = transformers.AutoTokenizer.from_pretrained(tiny_llm_dir)(TEXT, return_tensors="pt")["input_ids"]
-    expected = ContributionWeights(model, layers=[1], heads=[0, 2], variant="intra").attribute(ids, query_positions=[2])
+    expected = ContributionWeights(model, layers=[1], heads=[0, 2], metric="cw_intra").attribute(
+        ids, query_positions=[2])
     torch.testing.assert_close(torch.tensor(document["scores"]["cw_intra"]["aggregated"]), expected[0, -1, :, :3])
 
 
 def test_rollout_of_the_last_position(capsys, tiny_llm_dir, tmp_path):
-    out = _run(capsys, tiny_llm_dir, tmp_path, "--aggregation", "rollout", "--variant", "inter")
+    out = _run(capsys, tiny_llm_dir, tmp_path, "--aggregation", "rollout", "--metric", "cw_inter")
     assert out.splitlines()[0].endswith("), rollout over layers:")
     table = [line.removesuffix("  sink").split()[-2:] for line in out.splitlines()[2:] if line.strip().startswith("'")]
     assert len(table) == 5
@@ -156,9 +157,21 @@ def test_a_file_without_suffix_is_not_taken_for_a_folder(capsys, tmp_path):
     assert (tmp_path / "notes").read_text() == "mine"
 
 
+def test_any_metric_and_the_deprecated_variant(capsys, tiny_llm_dir, tmp_path):
+    _run(capsys, tiny_llm_dir, tmp_path, "--metric", "value_weighted", "cw", "--json", str(tmp_path / "s.json"))
+    assert list(json.loads((tmp_path / "s.json").read_text())["scores"]) == ["value_weighted", "cw_inter", "attention"]
+    assert main(["attribute", TEXT, "--model", str(tiny_llm_dir), "--variant", "intra", "--json",
+                 str(tmp_path / "v.json")]) == 0
+    assert "--variant is deprecated; use --metric cw_intra" in capsys.readouterr().err
+    assert list(json.loads((tmp_path / "v.json").read_text())["scores"]) == ["cw_intra", "attention"]
+    line = _fails(capsys, ["attribute", TEXT, "--metric", "cw_inter", "--variant", "inter"])
+    assert line == "captum-cw attribute: error: give --metric only; --variant is its deprecated former name."
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--aggregation", "max"], "argument --aggregation: invalid choice: 'max'"),
-    (["--variant", "both"], "argument --variant: invalid choice: 'both'"),
+    (["--metric", "both"], "argument --metric: Unknown metric 'both'; choose one of attention"),
+    (["--variant", "both"], "argument --variant: Unknown metric 'both'"),
     (["--position", "last"], "argument --position: invalid int value: 'last'"),
 ])
 def test_bad_arguments_exit_2_when_parsed(capsys, extra, message):

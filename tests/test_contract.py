@@ -50,7 +50,9 @@ def test_implementation_restored_after_an_exception():
         ({"heads": [4]}, "head 4 is out of range: the model has 4 heads"),
         ({"layers": []}, "layer selection is empty"),
         ({"heads": [1, 1]}, "names a head twice"),
-        ({"variant": "both"}, "variant must be 'inter' or 'intra'"),
+        ({"metric": "both"}, "Unknown metric 'both'; choose one of attention"),
+        ({"metric": "attention"}, "ContributionWeights computes contribution weights: metric must be one of "
+                                  "cw_intra, cw_inter"),
     ],
 )
 def test_bad_selection(llama, kwargs, message):

@@ -33,7 +33,7 @@ def test_a_head_subset_sums_to_its_share_of_the_layer_output(llama):
 @pytest.mark.parametrize("make", [
     lambda model: ContributionWeights(model),
     lambda model: ContributionWeights(model, heads=[3, 1], layers=[1]),
-    lambda model: ContributionWeights(model, variant="intra", heads=[2]),
+    lambda model: ContributionWeights(model, metric="cw_intra", heads=[2]),
     lambda model: AttentionWeights(model, heads=[0, 2]),
 ])
 @pytest.mark.parametrize("per_head", [False, True])

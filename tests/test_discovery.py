@@ -50,7 +50,7 @@ def test_discovered_family_matches_brute_force(name):
         model.set_attn_implementation(implementation)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            scores = ContributionWeights(model, variant="intra").attribute(inputs, attention_mask=mask, per_head=True)
+            scores = ContributionWeights(model, metric="cw_intra").attribute(inputs, attention_mask=mask, per_head=True)
             factors = ContributionWeights(model).attribute_factors(inputs, attention_mask=mask)
         assert_matches(scores, reference["cw_intra"])
         assert_matches(factors.attention, reference["attention"])

@@ -14,9 +14,10 @@ from captum_cw import ContributionWeights
 from captum_cw.evaluation import EvaluationConfig, evaluate, load_examples, protocols
 from captum_cw.evaluation.protocols import ProtocolConfig, evaluate_example
 from captum_cw.evaluation.ranking import removal_from_ranking
-from captum_cw.evaluation.report import PAPER_ORDER, ig_completeness, order_verdict, paper_order
+from captum_cw.evaluation.report import ig_completeness, order_verdict, paper_order
 from captum_cw.evaluation.sequences import compare, encode
 from captum_cw.interventions import mask_values
+from captum_cw.metrics import PAPER_ORDER
 from captum_cw.models import load_model
 from captum_cw.tasks import Example
 from conftest import TEST_DATA

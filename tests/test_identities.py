@@ -21,7 +21,7 @@ def _real_rows(mask, n_layers):
 
 def test_intra_rows_sum_to_one_per_head(llama):
     model, ids, mask = llama
-    scores = ContributionWeights(model, variant="intra").attribute(ids, attention_mask=mask, per_head=True)
+    scores = ContributionWeights(model, metric="cw_intra").attribute(ids, attention_mask=mask, per_head=True)
     sums = scores.sum(-1)  # [batch, layer, head, query]
     real = mask.bool()[:, None, None, :].expand_as(sums)
     torch.testing.assert_close(sums[real], torch.ones_like(sums[real]), rtol=0, atol=1e-5)
@@ -43,20 +43,20 @@ def test_inter_rows_sum_to_one_over_heads_and_keys(llama):
 def test_delta_reports_a_broken_identity(llama, monkeypatch):
     import dataclasses
 
-    from captum_cw.metrics import METRICS
+    from captum_cw import metrics
 
     model, ids, mask = llama
-    original = METRICS["cw_inter"]
+    original = metrics.get_metric("cw_inter")
     broken = dataclasses.replace(original, per_head=lambda geometry: original.per_head(geometry) * 1.5)
-    monkeypatch.setitem(METRICS, "cw_inter", broken)
+    monkeypatch.setitem(metrics._REGISTERED, "cw_inter", broken)  # register_metric never replaces one
     _, delta = ContributionWeights(model).attribute(ids, attention_mask=mask, return_convergence_delta=True)
     torch.testing.assert_close(delta, torch.full_like(delta, 0.5), rtol=0, atol=1e-4)
 
 
 def test_three_factor_decomposition_and_negative_values(llama):
     model, ids, mask = llama
-    for variant in ("inter", "intra"):
-        attributor = ContributionWeights(model, variant=variant)
+    for metric in ("cw_inter", "cw_intra"):
+        attributor = ContributionWeights(model, metric=metric)
         factors = attributor.attribute_factors(ids, attention_mask=mask)
         scores = attributor.attribute(ids, attention_mask=mask, per_head=True)
         torch.testing.assert_close(factors.attention * factors.relative_norm * factors.cosine, scores,
@@ -81,8 +81,8 @@ def test_zero_output_norm_gives_zero_not_nan(llama):
     saved = layer.o_proj.weight.data.clone()
     layer.o_proj.weight.data.zero_()
     try:
-        for variant in ("inter", "intra"):
-            scores = ContributionWeights(model, layers=[0], variant=variant).attribute(ids, attention_mask=mask)
+        for metric in ("cw_inter", "cw_intra"):
+            scores = ContributionWeights(model, layers=[0], metric=metric).attribute(ids, attention_mask=mask)
             assert torch.isfinite(scores).all() and (scores == 0).all()
     finally:
         layer.o_proj.weight.data.copy_(saved)

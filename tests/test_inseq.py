@@ -73,12 +73,15 @@ def test_forced_target_equals_brute_force_and_token_contributions(inseq_tiny):
 
 
 def test_load_arguments_and_per_head(tiny_llm_dir):
-    model = inseq.load_model(str(tiny_llm_dir), "contribution_weights", layers=[-1, 0], heads=[3, 1], variant="intra")
+    model = inseq.load_model(str(tiny_llm_dir), "contribution_weights", layers=[-1, 0], heads=[3, 1], metric="intra")
+    with pytest.warns(DeprecationWarning, match="contribution_weights: variant= is deprecated; pass metric="):
+        deprecated = inseq.load_model(str(tiny_llm_dir), "contribution_weights", variant="intra")
+    assert deprecated.attribution_method.method.attributor.metric.name == "cw_intra"
     out = model.attribute("Rome is the capital city of", generation_args={"max_new_tokens": 3}, per_head=True,
                           show_progress=False)
     sequence = out.sequence_attributions[0]
     assert sequence.target_attributions.shape[2:] == (2, 2)  # layers, heads
-    expected = ContributionWeights(model.model, layers=[-1, 0], heads=[3, 1], variant="intra").attribute(
+    expected = ContributionWeights(model.model, layers=[-1, 0], heads=[3, 1], metric="cw_intra").attribute(
         _ids(sequence), per_head=True)[0]  # [layer, head, query, key]
     _check_steps(sequence, expected)
 

@@ -18,7 +18,7 @@ def _check(family, model, tokenizer, padding_side):
     layers = [0, len(reference["attention"][0]) // 2, -1]
     attributors = {
         "cw_inter": ContributionWeights(model, layers=layers),
-        "cw_intra": ContributionWeights(model, layers=layers, variant="intra"),
+        "cw_intra": ContributionWeights(model, layers=layers, metric="cw_intra"),
         "value_weighted": ValueWeightedAttention(model, layers=layers),
         "output_normalized": OutputNormalizedAttention(model, layers=layers),
     }

@@ -6,7 +6,7 @@ import weakref
 import pytest
 import torch
 
-from captum_cw import METRICS, MetricAttribution
+from captum_cw import MetricAttribution, metric_names
 from captum_cw.evaluation import load_examples, protocols
 from captum_cw.evaluation.protocols import ProtocolConfig, clean_scores, evaluate_example, layer_metrics
 from captum_cw.evaluation.sequences import encode
@@ -22,7 +22,7 @@ def tiny(tiny_llm_dir):
 
 
 def test_the_layer_metrics_are_the_registry_and_random():
-    assert layer_metrics() == (*METRICS, "random") and protocols.LAYER_METRICS == layer_metrics()
+    assert layer_metrics() == (*metric_names(), "random") and protocols.LAYER_METRICS == layer_metrics()
     assert {"cw_last", "cw_inter_mean", "value_weighted_rollout", "ig", "random"} <= set(protocols.input_metrics())
     with pytest.raises(ValueError, match="Unknown layer-level metrics"):
         ProtocolConfig(metrics=("cw_last",)).validate()
@@ -32,7 +32,7 @@ def test_the_layer_metrics_are_the_registry_and_random():
 def test_clean_scores_equal_each_metrics_own_attributor(tiny, per_head):
     model, tokenizer = tiny
     ids = encode(load_examples("mmlu", 1, DATA)[0], tokenizer, max_tokens=40).sequences[0]
-    names = list(METRICS)
+    names = list(metric_names())
     scores, logits = clean_scores(model, ids, [1, 0], names, per_head, keep=1)
     with torch.no_grad():
         torch.testing.assert_close(logits, model(ids[None]).logits[:, -1:], rtol=1e-5, atol=1e-5)

@@ -202,7 +202,7 @@ def test_the_encoder_alone_matches_its_own_attention_weights(build, bert):
 def test_an_attention_mask_in_additional_forward_args_is_the_mask(bert, how):
     model, ids, mask, reference = bert
     extra = {"attention_mask": mask} if how == "dict" else (mask,)  # BertModel.forward(input_ids, attention_mask)
-    scores = ContributionWeights(model, variant="intra").attribute(ids, additional_forward_args=extra, per_head=True)
+    scores = ContributionWeights(model, metric="cw_intra").attribute(ids, additional_forward_args=extra, per_head=True)
     torch.testing.assert_close(scores, reference["cw_intra"].float(), rtol=1e-5, atol=1e-6)
 
 

@@ -64,7 +64,7 @@ def test_analysis_matches_brute_force(llama):
     strongest = received.argmax(-1)
     for layer, position in enumerate(strongest.tolist()):
         torch.testing.assert_close(rate[layer], attentions[layer][0, :, :, position], rtol=1e-5, atol=1e-6)
-    cw = ContributionWeights(model, variant="intra").attribute(ids[None], per_head=True)[0]  # [l, h, q, k]
+    cw = ContributionWeights(model, metric="cw_intra").attribute(ids[None], per_head=True)[0]  # [l, h, q, k]
     for layer, sinks in enumerate(analysis.sinks):
         if sinks:
             visible = attentions[layer][0][:, :, sinks] > 0

@@ -89,8 +89,8 @@ def test_view_of_the_last_position_matches_the_attributors(tiny):
     assert view.positions == [n - 1] and view.tokens == [tokenizer.decode([t]) for t in ids[0].tolist()]
     assert view.metrics == ["cw_inter", "cw_intra", "attention"] and view.layers == [0, 1] and view.heads == [0, 1,
                                                                                                            2, 3]
-    expected = {"cw_inter": ContributionWeights(model, variant="inter"),
-                "cw_intra": ContributionWeights(model, variant="intra"), "attention": AttentionWeights(model)}
+    expected = {"cw_inter": ContributionWeights(model, metric="cw_inter"),
+                "cw_intra": ContributionWeights(model, metric="cw_intra"), "attention": AttentionWeights(model)}
     for metric, attributor in expected.items():
         per_layer = attributor.attribute(ids, query_positions=[n - 1])[0]  # [layer, row, key]
         per_head = attributor.attribute(ids, query_positions=[n - 1], per_head=True)[0]
@@ -102,11 +102,11 @@ def test_view_of_the_last_position_matches_the_attributors(tiny):
 
 def test_view_of_a_target_sums_like_the_text_front_end(tiny):
     model, tokenizer = tiny
-    view = attribution_view(model, tokenizer, TEXT, " Paris is", aggregation="last", variants=("intra",))
+    view = attribution_view(model, tokenizer, TEXT, " Paris is", aggregation="last", metrics=("cw_intra",))
     n_prompt = len(tokenizer(TEXT)["input_ids"])
     assert view.positions == [n_prompt - 1, n_prompt] and view.target_tokens == [" Paris", " is"]
     assert len(view.tokens) == n_prompt + 1  # the target's last token is read by no explained position
-    result = LLMContributionAttribution(model, tokenizer, layer_aggregation="last", variant="intra").attribute(
+    result = LLMContributionAttribution(model, tokenizer, layer_aggregation="last", metric="cw_intra").attribute(
         TEXT, " Paris is")
     torch.testing.assert_close(view.aggregated["cw_intra"][:, :n_prompt], result.token_attr)
     torch.testing.assert_close(torch.tensor(view.target_probs), result.output_probs)
@@ -115,7 +115,7 @@ def test_view_of_a_target_sums_like_the_text_front_end(tiny):
 def test_rollout_layer_and_head_selection(tiny):
     model, tokenizer = tiny
     view = attribution_view(model, tokenizer, TEXT, layers=[-1, 0], heads=[3, 1], aggregation="rollout",
-                            variants=("inter",), position=2)
+                            metrics=("cw_inter",), position=2)
     assert view.layers == [0, 1] and view.heads == [1, 3] and view.positions == [2] and len(view.tokens) == 3
     ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
     full = ContributionWeights(model, heads=[1, 3]).attribute(ids)  # [1, layer, n, n], heads summed
@@ -136,7 +136,8 @@ def test_sinks_are_keys_with_large_attention(tiny):
     ({"position": 5}, "position 5 is outside the text's 5 tokens"),
     ({"target": ""}, "the target has no tokens"),
     ({"aggregation": "max"}, "aggregation must be one of last, mean, rollout"),
-    ({"variants": ("both",)}, "variants must be among inter, intra"),
+    ({"metrics": ("both",)}, "Unknown metric 'both'"),
+    ({"metrics": ()}, "metrics is empty"),
     ({"layers": [2]}, "layer 2 is out of range"),
     ({"threshold": 1.0}, "threshold is a share"),
 ])

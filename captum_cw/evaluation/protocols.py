@@ -57,34 +57,35 @@ from captum_cw.evaluation.sequences import (
 )
 from captum_cw.interventions import mask_values
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
-from captum_cw.metrics import METRICS
+from captum_cw.metrics import get_metric, metric_names
 from captum_cw.selection import select_indices
 
 __all__ = ["LAYER_METRICS", "INPUT_METRICS", "FirstToken", "Granularity", "Protocol", "ProtocolConfig", "Removal",
            "chosen_layers", "eligible_keys", "evaluate_example", "example_record", "input_metrics", "layer_metrics"]
 
-LAYER_METRICS = (*METRICS, "random")  # the defaults: the registered metrics (captum_cw.metrics) and random
+LAYER_METRICS = (*metric_names(), "random")  # the defaults: the registered metrics (captum_cw.metrics) and random
 INPUT_METRICS = ("ig", "cw_last", "cw_mean", "cw_rollout", "attention_mean", "attention_rollout", "random")
 
 
 def layer_metrics() -> tuple[str, ...]:
-    r"""The layer level's metrics: every metric registered now (:data:`captum_cw.metrics.METRICS`) and random."""
-    return (*METRICS, "random")
+    r"""The layer level's metrics: every metric registered now (:func:`captum_cw.metrics.metric_names`) and random."""
+    return (*metric_names(), "random")
 
 
 def input_metrics() -> tuple[str, ...]:
     r"""
-    The input level's metrics: ``ig``, ``random`` and ``{metric}_{aggregation}`` for every registered
-    metric (``cw`` stands for ``cw_inter``) and layer aggregation (last, mean, rollout).
+    The input level's metrics: ``ig``, ``random`` and ``{metric}_{aggregation}`` for every name and alias of a
+    registered metric (``cw_last`` is ``cw_inter``'s, through its alias ``cw``) and layer aggregation (last,
+    mean, rollout).
     """
-    families = ("cw", *METRICS)
+    families = [spelling for name in metric_names() for spelling in get_metric(name).spellings]
     return ("ig", "random", *(f"{family}_{how}" for family in families for how in LAYER_AGGREGATIONS))
 
 
 def _input_metric(name: str) -> tuple[str, str]:
-    r"""``"cw_rollout"`` -> ``("cw_inter", "rollout")``: the registered metric and its layer aggregation."""
+    r"""``"cw_rollout"`` -> ``("cw_inter", "rollout")``: the registered metric's name and its layer aggregation."""
     family, aggregation = name.rsplit("_", 1)
-    return ("cw_inter" if family == "cw" else family), aggregation
+    return get_metric(family).name, aggregation
 
 
 _Choice = TypeVar("_Choice", bound="Setting")
@@ -239,7 +240,7 @@ def clean_scores(
     """
     device = next(model.parameters()).device
     forward_args = {"use_cache": False, "logits_to_keep": keep}
-    registered = [m for m in metrics if m in METRICS]
+    registered = [m for m in metrics if m in metric_names()]
     if not registered:
         with torch.no_grad():
             return {}, _forward(model, ids[None].to(device), keep)

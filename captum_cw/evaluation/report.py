@@ -28,6 +28,7 @@ from captum_cw.evaluation.records import (
     text_clean,
 )
 from captum_cw.files import write_atomically, write_json
+from captum_cw.metrics import CW_INTER, PAPER_ORDER
 from captum_cw.plotting import plot_curves
 from captum_cw.statistics import (
     Interval,
@@ -39,20 +40,19 @@ from captum_cw.statistics import (
 )
 from captum_cw.tasks import TASKS
 
-__all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "PAPER_ORDER", "agreement_cells", "agreement_matrix",
+__all__ = ["AT_CHANCE_SHARE", "MIN_EXAMPLES", "agreement_cells", "agreement_matrix",
            "agreement_reference", "aopc_cells", "aopc_header", "bootstrap_interval", "choice_check", "choice_line",
            "ig_completeness", "ig_completeness_line", "order_verdict", "paired_cells", "paired_comparisons",
            "paired_header", "paired_reversals", "paper_order", "summarize", "summary_lines", "summary_rows",
            "summary_warnings", "wilson_interval", "write_report"]
 
-PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "cw_inter")
 PRIMARY: dict[Kind, str] = {"choice": "prob_drop", "text": "delta_nll"}
 AT_CHANCE_SHARE = 0.9  # a model that gives one answer this often is at chance, whatever its accuracy
 MIN_EXAMPLES = 30  # fewer examples than this: the bootstrap intervals are unreliable
 # the measures compared example by example, and the metrics the others are compared with (the first present)
 PAIRED_MEASURES: dict[Kind, tuple[str, ...]] = {"choice": ("prob_drop", "logprob_drop"),
                                                 "text": ("delta_nll", "delta_ppl")}
-PAIRED_REFERENCES = ("cw_inter", "cw_last")
+PAIRED_REFERENCES = (CW_INTER.name, "cw_last")  # the layer level's CW, the input level's
 
 
 def _bin_keys(records: list[Record]) -> list[str]:
@@ -418,7 +418,7 @@ def agreement_reference(summary: Summary) -> str | None:
     if not agreement:
         return None
     ranked = list(agreement) + [b for pairs in agreement.values() for b in pairs]
-    return next((m for m in ("ig", "cw_inter") if m in ranked), ranked[0])
+    return next((m for m in ("ig", CW_INTER.name) if m in ranked), ranked[0])
 
 
 def summary_lines(summary: Summary, task: str) -> list[str]:
@@ -462,9 +462,9 @@ def summary_lines(summary: Summary, task: str) -> list[str]:
 
 def paper_order(aopc: dict, measure: str) -> dict[str, Any]:
     r"""
-    Whether attention < value-weighted < output-normalised < CW holds (higher comprehensiveness,
-    lower sufficiency is more faithful): ``holds`` by the AOPC means, ``separated`` also with every
-    step's 95% intervals apart. Both are None with fewer than two of these metrics.
+    Whether attention < value-weighted < output-normalised < CW holds (:data:`captum_cw.metrics.PAPER_ORDER`;
+    higher comprehensiveness, lower sufficiency is more faithful): ``holds`` by the AOPC means, ``separated``
+    also with every step's 95% intervals apart. Both are None with fewer than two of these metrics.
     """
     present = [m for m in PAPER_ORDER if m in aopc]
     result = {}

@@ -142,7 +142,7 @@ def _measure_layer(geometry: HeadGeometry, threshold: float, method: str) -> dic
     is_sink = torch.zeros(n, dtype=torch.bool, device=alpha.device)
     is_sink[sinks] = True
 
-    attention, relative_norm, cosine = (f[0] for f in geometry.decomposition("intra"))  # [head, query, key]
+    attention, relative_norm, cosine = (f[0] for f in geometry.decomposition("head"))  # [head, query, key]
     cw = geometry.cw_intra()[0]
     visible = alpha > 0  # keys a row actually reads
 

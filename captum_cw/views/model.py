@@ -22,14 +22,15 @@ from captum_cw.attribution import attribute_metrics, attributor_for
 from captum_cw.errors import InputError
 from captum_cw.files import output_path, strict_json, write_atomically
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
-from captum_cw.metrics import get_metric
+from captum_cw.metrics import ATTENTION, CW_INTER, CW_INTRA, deprecated_variant, get_metric
 from captum_cw.models import readable_tokens
 
-__all__ = ["METRIC_LABELS", "VARIANTS", "VIEW_FILES", "AttributionView", "attribution_scores", "attribution_view",
+__all__ = ["METRIC_LABELS", "VIEW_FILES", "AttributionView", "attribution_scores", "attribution_view",
            "view_path", "write_view"]
 
-METRIC_LABELS = {"cw_inter": "contribution (inter)", "cw_intra": "contribution (intra)", "attention": "attention"}
-VARIANTS = ("inter", "intra")
+METRIC_LABELS = {CW_INTER.name: "contribution (inter)", CW_INTRA.name: "contribution (intra)",
+                 ATTENTION.name: ATTENTION.label}
+_DEFAULT_METRICS = (CW_INTER.name, CW_INTRA.name)  # what attribution_view shows by default, besides attention
 
 
 def attribution_scores(
@@ -109,12 +110,12 @@ class AttributionView:
 
     def sinks_per_layer(self) -> list[list[int]]:
         r"""Per layer, the keys whose attention (mean over heads and explained positions) exceeds ``threshold``."""
-        received = self.per_layer["attention"].mean(1)  # [layer, key]
+        received = self.per_layer[ATTENTION.name].mean(1)  # [layer, key]
         return [(layer > self.threshold).nonzero().flatten().tolist() for layer in received]
 
     def sinks(self) -> list[int]:
         r"""The keys whose attention, averaged also over layers, exceeds ``threshold``."""
-        return (self.per_layer["attention"].mean((0, 1)) > self.threshold).nonzero().flatten().tolist()
+        return (self.per_layer[ATTENTION.name].mean((0, 1)) > self.threshold).nonzero().flatten().tolist()
 
     def to_dict(self) -> dict[str, Any]:
         r"""The JSON document of ``captum-cw attribute --json`` (schema in README, "Views")."""
@@ -195,12 +196,20 @@ class _ExplainedText:
     target_ids: Tensor | None  # [n_target]: the target's tokens, None without a target
 
 
-def _check_options(variants: Sequence[str], aggregation: str, threshold: float) -> None:
+def _shown_metrics(metrics: Sequence[str] | str | None, variants: Sequence[str] | None) -> tuple[str, ...]:
+    r"""The registered names of the metrics a view shows (``variants``: the deprecated former argument)."""
+    given = deprecated_variant(metrics, variants, "attribution_view", ("metrics", "variants"))
+    if isinstance(given, str):  # one metric
+        given = (given,)
+    shown = _DEFAULT_METRICS if given is None else tuple(get_metric(metric).name for metric in given)
+    if not shown:
+        raise InputError("metrics is empty; name at least one metric, or leave it out for the default.")
+    return shown
+
+
+def _check_options(aggregation: str, threshold: float) -> None:
     if aggregation not in LAYER_AGGREGATIONS:
         raise InputError(f"aggregation must be one of {', '.join(LAYER_AGGREGATIONS)}, got {aggregation!r}.")
-    unknown = [variant for variant in variants if variant not in VARIANTS]
-    if unknown or not variants:
-        raise InputError(f"variants must be among {', '.join(VARIANTS)}, got {list(variants)}.")
     if not 0 < threshold < 1:
         raise InputError(f"threshold is a share of the attention mass, in (0, 1), got {threshold}.")
 
@@ -281,14 +290,15 @@ def attribution_view(
     *,
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
-    variants: Sequence[str] = VARIANTS,
+    metrics: Sequence[str] | None = None,
     aggregation: str = "mean",
     position: int | None = None,
     threshold: float = 0.3,
     model_name: str = "",
+    variants: Sequence[str] | None = None,
 ) -> AttributionView:
     r"""
-    Contribution weights (each variant) and attention of every key for the explained positions, per head, per
+    Contribution weights (or other metrics) and attention of every key for the explained positions, per head, per
     layer and with layers aggregated.
 
     Args:
@@ -299,25 +309,28 @@ def attribution_view(
                     explained (as :class:`captum_cw.llm.LLMContributionAttribution` does). Default: None
         layers, heads (int or Sequence[int], optional): the layers and heads to use (negative indices count from
                     the end); shown in model order. Default: all.
-        variants (Sequence[str], optional): the contribution-weight variants, ``"inter"`` and/or ``"intra"``;
-                    attention is always computed (the baseline, and what marks the sinks).
+        metrics (Sequence[str], optional): registered metrics, by name or alias; attention is always computed
+                    too (the baseline, and what marks the sinks). Default: ``"cw_inter"``, ``"cw_intra"``
         aggregation (str, optional): ``"last"``, ``"mean"`` or ``"rollout"`` over the layers. Default: ``"mean"``
         position (int, optional): without a target, the position to explain (negative counts from the end).
                     Default: the last token.
         threshold (float, optional): attention above which a key is marked as a sink, in (0, 1). Default: 0.3
         model_name (str, optional): a name for titles.
+        variants (Sequence[str], optional): deprecated: the former name of ``metrics`` (``"inter"``, ``"intra"``),
+                    with a DeprecationWarning.
     Returns:
         :class:`AttributionView`.
     """
-    _check_options(variants, aggregation, threshold)
+    shown = _shown_metrics(metrics, variants)
+    _check_options(aggregation, threshold)
     explained = _explained_text(tokenizer, text, target, position)
     ids, rows = explained.ids, explained.rows
-    probe = attributor_for("attention", model, layers, heads)  # resolves and checks the indices
+    probe = attributor_for(ATTENTION.name, model, layers, heads)  # resolves and checks the indices
     layer_list, head_list = sorted(probe.layers), sorted(probe.heads)
     causal = bool(getattr(probe.attention_layers[0].attention, "is_causal", True))
-    metrics = [f"cw_{variant}" for variant in dict.fromkeys(variants)] + ["attention"]
+    computed = list(dict.fromkeys([*shown, ATTENTION.name]))
     wanted = None if aggregation == "rollout" else rows  # rollout follows every row through the layers
-    scores, output = attribution_scores(model, ids[None], metrics, wanted, layer_list, head_list)
+    scores, output = attribution_scores(model, ids[None], computed, wanted, layer_list, head_list)
     n_keys = max(rows) + 1 if causal else len(ids)  # keys no explained position can read are left out
     per_head, per_layer, aggregated = _scores_per_level(scores, rows, aggregation, n_keys)
     predicted, target_probs = _predictions(output, explained, tokenizer)

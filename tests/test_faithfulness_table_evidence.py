@@ -86,15 +86,15 @@ def test_a_sampled_run_is_tabulated_in_its_sample_order(tmp_path):
 
 
 def test_the_table_holds_cw_against_each_metric_and_says_where_the_mean_reverses(tmp_path):
-    cw = [0.0, 0.0, 0.0, 0.0, 10.0]  # cw_inter loses 4 of 5 texts by a little and wins one by a lot
+    cw = [0.0] * 16 + [10.0] * 4  # cw_inter loses 16 of 20 texts by a little and wins 4 by a lot
     records = [_record("gsm8k", i, {"attention": 0.1, "cw_inter": drop}) for i, drop in enumerate(cw)]
     kept = {"task": "gsm8k", "settings": {"sample": "first"}, "summary": summarize(records)}
     lines = table.task_table("gsm8k", "layer", kept, _args(tmp_path))
-    assert "Rows: the first 5 of gsm8k_test.jsonl, in the file's order." in lines
+    assert "Rows: the first 20 of gsm8k_test.jsonl, in the file's order." in lines
     header = lines.index("| metric | measure | comprehensiveness wins | sign p | Wilcoxon p | sufficiency wins | "
                          "sign p | Wilcoxon p |")
-    assert lines[header + 2].startswith("| attention | delta_nll | 0.20 [0.04, 0.62] | 0.375 |")
-    assert lines[header + 3].startswith("| attention | delta_ppl | 0.20 [0.04, 0.62] | 0.375 |")
+    assert lines[header + 2].startswith("| attention | delta_nll | 0.20 [0.08, 0.42] | 0.012 |")
+    assert lines[header + 3].startswith("| attention | delta_ppl | 0.20 [0.08, 0.42] | 0.012 |")
     reversals = [line for line in lines if line.startswith("> **Reversal:** ")]
     assert len(reversals) == 4  # both measures, both modes: cw_inter's mean is better, its texts mostly worse
     assert "cw_inter is more faithful on 20% of the texts" in reversals[0]

@@ -51,32 +51,47 @@ def test_text_summaries_test_cw_against_each_metric_on_both_measures():
 
 
 def test_a_mean_that_hides_a_reversal_is_said():
-    # cw_inter loses on 4 of 5 texts by a little and wins on one by a lot: its mean is the better one
-    cw = np.array([[0.0, 0.0]] * 4 + [[10.0, 10.0]])
-    attention = np.full((5, 2), 0.1)
+    # cw_inter loses on 16 of 20 texts by a little and wins on 4 by a lot: its mean is the better one
+    cw = np.array([[0.0, 0.0]] * 16 + [[10.0, 10.0]] * 4)
+    attention = np.full((20, 2), 0.1)
     values = {"attention": {m: attention for m in MODES}, "cw_inter": {"comprehensiveness": cw,
                                                                        "sufficiency": attention}}
     summary = summarize(_text_records(values))
     row = summary["paired"]["measures"]["delta_nll"]["attention"]["comprehensiveness"]
-    assert (row["wins"], row["ties"], row["mean_difference"]) == (1, 0, pytest.approx((9.9 - 4 * 0.1) / 5))
+    assert (row["wins"], row["ties"], row["mean_difference"]) == (4, 0, pytest.approx((4 * 9.9 - 16 * 0.1) / 20))
+    low, high = wilson_interval(4, 20)
+    assert high < 0.5
     sentences = paired_reversals(summary)
     assert sentences[0] == ("comprehensiveness (delta_nll): cw_inter's mean AOPC is more faithful than attention's, "
-                            "but cw_inter is more faithful on 20% of the texts (95% interval [4%, 62%]) and less "
-                            f"on 80%; sign test p = {stats.binomtest(1, 5).pvalue:.3f}.")
+                            f"but cw_inter is more faithful on 20% of the texts (95% interval [{low:.0%}, {high:.0%}]) "
+                            f"and less on 80%; sign test p = {stats.binomtest(4, 20).pvalue:.3f}.")
     assert len(sentences) == 2  # delta_ppl reverses too; sufficiency ties on every text
-    assert summary["paired"]["measures"]["delta_nll"]["attention"]["sufficiency"]["ties"] == 5
+    assert summary["paired"]["measures"]["delta_nll"]["attention"]["sufficiency"]["ties"] == 20
     assert f"reversal: {sentences[0]}" in summary_lines(summary, "gsm8k")
 
 
+@pytest.mark.parametrize("wins, n", [(1, 5), (9, 20)])
+def test_a_split_that_cannot_be_told_from_even_reverses_nothing(wins, n):
+    # cw_inter's mean is the better one and it wins fewer than half the texts, but the win rate's interval holds 50%
+    cw = np.array([[0.0, 0.0]] * (n - wins) + [[10.0, 10.0]] * wins)
+    attention = np.full((n, 2), 0.1)
+    values = {"attention": {m: attention for m in MODES}, "cw_inter": {m: cw for m in MODES}}
+    summary = summarize(_text_records(values))
+    row = summary["paired"]["measures"]["delta_nll"]["attention"]["comprehensiveness"]
+    assert row["mean_difference"] > 0 and row["win_rate"] < 0.5 and row["win_low"] < 0.5 < row["win_high"]
+    assert paired_reversals(summary) == []
+
+
 def test_ties_do_not_make_a_reversal():
-    # cw_inter ties on 3 of 5 texts, wins 1 by a lot and loses 1 by a little: its win rate is 20% but nothing reverses
-    cw = np.array([[0.1, 0.1]] * 3 + [[10.0, 10.0], [0.0, 0.0]])
-    attention = np.full((5, 2), 0.1)
+    # cw_inter ties on 12 of 20 texts, wins 4 by a lot and loses 4 by a little: its win rate is 20% but nothing
+    # reverses
+    cw = np.array([[0.1, 0.1]] * 12 + [[10.0, 10.0]] * 4 + [[0.0, 0.0]] * 4)
+    attention = np.full((20, 2), 0.1)
     values = {"attention": {m: attention for m in MODES}, "cw_inter": {"comprehensiveness": cw,
                                                                        "sufficiency": attention}}
     summary = summarize(_text_records(values))
     row = summary["paired"]["measures"]["delta_nll"]["attention"]["comprehensiveness"]
-    assert (row["wins"], row["ties"], row["win_rate"]) == (1, 3, 0.2) and paired_reversals(summary) == []
+    assert (row["wins"], row["ties"], row["win_rate"]) == (4, 12, 0.2) and paired_reversals(summary) == []
 
 
 def _choice_record(index, drops, label):
@@ -100,16 +115,16 @@ def test_choice_summaries_compare_on_all_examples_and_on_those_answered_correctl
 
 
 def test_measures_that_disagree_text_by_text_are_said():
-    # as SmolLM2 on GSM8K: cw_inter's comprehensiveness wins every text by delta NLL and loses 3 of 4 by delta PPL
-    nll = {"attention": [1.0] * 4, "cw_inter": [2.0] * 4}
-    ppl = {"attention": [5.0] * 4, "cw_inter": [1.0, 1.0, 1.0, 9.0]}
+    # as SmolLM2 on GSM8K: cw_inter's comprehensiveness wins every text by delta NLL and loses 15 of 20 by delta PPL
+    nll = {"attention": [1.0] * 20, "cw_inter": [2.0] * 20}
+    ppl = {"attention": [5.0] * 20, "cw_inter": [1.0] * 15 + [9.0] * 5}
     records = [{"id": f"gsm8k-{i}", "label": None, "clean": {"nll": 2.0},
                 "results": {m: {"comprehensiveness": {"50": {"delta_nll": nll[m][i], "delta_ppl": ppl[m][i]}},
                                 "sufficiency": {"50": {"delta_nll": 1.0, "delta_ppl": 1.0}}}  # ties throughout
-                            for m in nll}} for i in range(4)]
+                            for m in nll}} for i in range(20)]
     sentences = paired_reversals(summarize(records))
-    low, high = wilson_interval(1, 4)
+    low, high = wilson_interval(5, 20)
     assert (f"comprehensiveness: cw_inter is more faithful than attention on 100% of the texts by delta_nll but on "
-            f"25% by delta_ppl (95% intervals [{wilson_interval(4, 4)[0]:.0%}, 100%] and [{low:.0%}, {high:.0%}]).") \
+            f"25% by delta_ppl (95% intervals [{wilson_interval(20, 20)[0]:.0%}, 100%] and [{low:.0%}, {high:.0%}]).") \
         in sentences
     assert not any(sentence.startswith("sufficiency") for sentence in sentences)

@@ -317,16 +317,24 @@ def paired_cells(summary: Summary, subset: str = "all") -> list[tuple[str, ...]]
     return rows
 
 
-def _balance(row: PairedComparison) -> int:
-    r"""Wins minus losses of a paired comparison: > 0 where CW is more faithful on more examples."""
-    return 2 * row["wins"] + row["ties"] - row["n"]
+def _clear_majority(row: PairedComparison) -> int:
+    r"""+1 where CW is more faithful on a clear majority of the examples that are not tied (the 95% Wilson interval
+    of its wins among them lies above 50%), -1 where on a clear minority (it lies below), 0 where the split cannot
+    be told from even."""
+    decided = row["n"] - row["ties"]
+    if decided == 0:
+        return 0
+    low, high = wilson_interval(row["wins"], decided)
+    return 1 if low > 0.5 else -1 if high < 0.5 else 0
 
 
 def paired_reversals(summary: Summary) -> list[str]:
     r"""
     Where the evidence points two ways, one sentence each: CW's mean AOPC is the more faithful while CW is more
-    faithful on fewer examples than the other metric (or the other way round), and CW is more faithful on most
-    examples by one measure but on fewest by another (ΔNLL against ΔPPL).
+    faithful on a clear minority of the examples (or the other way round), and CW is more faithful on a clear
+    majority of the examples by one measure but on a clear minority by another (ΔNLL against ΔPPL). A split
+    is clear when the 95% Wilson interval of CW's wins among the examples that are not tied lies wholly on one
+    side of 50%: a near-even split, or a handful of examples, reverses nothing.
     """
     paired = summary.get("paired")
     if not paired:
@@ -337,7 +345,7 @@ def paired_reversals(summary: Summary) -> list[str]:
     for measure, by_metric in measures.items():
         for metric, modes in by_metric.items():
             for mode, row in modes.items():
-                if row["mean_difference"] * _balance(row) >= 0:  # they agree, or one of them is even
+                if row["mean_difference"] * _clear_majority(row) >= 0:  # they agree, or the split is not clear
                     continue
                 losses = row["n"] - row["wins"] - row["ties"]
                 sentences.append(
@@ -351,7 +359,7 @@ def paired_reversals(summary: Summary) -> list[str]:
         for metric in measures[first]:
             for mode in MODES:
                 a, b = measures[first][metric][mode], measures[second][metric][mode]
-                if _balance(a) * _balance(b) < 0:
+                if _clear_majority(a) * _clear_majority(b) < 0:
                     sentences.append(
                         f"{mode}: {reference} is more faithful than {metric} on {a['win_rate']:.0%} of the {unit} "
                         f"by {first} but on {b['win_rate']:.0%} by {second} (95% intervals [{a['win_low']:.0%}, "

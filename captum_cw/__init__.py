@@ -1,6 +1,12 @@
 """captum_cw: contribution weights and attention baselines as Captum attributors."""
 
-from captum_cw.architectures import Architecture, find_attention_layers, register_architecture, registered_architectures
+from captum_cw.architectures import (
+    Architecture,
+    AttentionLayer,
+    find_attention_layers,
+    register_architecture,
+    registered_architectures,
+)
 from captum_cw.attribution import (
     AttentionWeights,
     ContributionFactors,
@@ -11,6 +17,15 @@ from captum_cw.attribution import (
     ValueWeightedAttention,
     attribute_metrics,
 )
+from captum_cw.errors import (
+    CaptumCWError,
+    InputError,
+    SelfCheckError,
+    UnsupportedArchitectureError,
+    UnsupportedArgumentError,
+    UnsupportedSetupError,
+)
+from captum_cw.llm import LLMContributionAttribution
 from captum_cw.metrics import METRICS, Metric, register_metric
 from captum_cw.sources import SourceAttribution, SourceContributions
 from captum_cw.token_contributions import TokenContributions
@@ -19,17 +34,25 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Architecture",
+    "AttentionLayer",
     "AttentionWeights",
+    "CaptumCWError",
     "ContributionFactors",
     "ContributionWeights",
+    "InputError",
+    "LLMContributionAttribution",
     "METRICS",
     "Metric",
     "MetricAttribution",
     "MetricScores",
     "OutputNormalizedAttention",
+    "SelfCheckError",
     "SourceAttribution",
     "SourceContributions",
     "TokenContributions",
+    "UnsupportedArchitectureError",
+    "UnsupportedArgumentError",
+    "UnsupportedSetupError",
     "ValueWeightedAttention",
     "attribute_metrics",
     "find_attention_layers",

@@ -25,6 +25,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 KEPT_FROM = "## Faithfulness evaluator"  # RESULTS.md from this heading on is not this script's to rewrite
+NO_CACHE = {"use_cache": False}  # timed calls build no key-value cache
 
 
 def median_seconds(function, repeats: int) -> float:
@@ -118,7 +119,7 @@ def arithmetic_floor(config, n: int, recompute_alpha: bool) -> float:
     return (forward + config.num_hidden_layers * added) / forward
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
@@ -126,28 +127,31 @@ def main() -> None:
     parser.add_argument("--ig-length", type=int, default=128)
     parser.add_argument("--memory-child", nargs=2, metavar=("MODE", "N"))
     parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
-    args = parser.parse_args()
-    if args.memory_child:
-        memory_child(args.memory_child[0], int(args.memory_child[1]))
-        return
+    return parser.parse_args()
 
+
+def header_lines(repeats: int) -> list[str]:
+    """The title, the machine and library versions, and how to reproduce."""
     import captum
     import transformers
-    from captum.attr import LayerIntegratedGradients
 
-    from captum_cw import ContributionWeights
-    from captum_cw.models import load_model
-
-    model, _ = load_model("smollm2-135m")
-    generator = torch.Generator().manual_seed(0)
-    lines = [
+    return [
         "# Core benchmarks (SmolLM2-135M, float32)",
         "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU threads, "
         f"torch {torch.__version__}, transformers {transformers.__version__}, captum {captum.__version__}; "
-        f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}. Medians of {args.repeats} runs after a warm-up; "
+        f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}. Medians of {repeats} runs after a warm-up; "
         "ratios are medians of the per-run ratios (interquartile range; ratio of the fastest runs).",
         f"Reproduce: `python benchmarks/bench_core.py` ({time.strftime('%Y-%m-%d')}).",
+    ]
+
+
+def forward_ratio_lines(model, lengths: list[int], repeats: int, generator: torch.Generator) -> list[str]:
+    """The table of contribution weights over all layers, heads and rows against a plain forward pass, one row
+    per length, each printed as it is measured."""
+    from captum_cw import ContributionWeights
+
+    lines = [
         "",
         "## Contribution weights over all 30 layers, 9 heads and n rows vs a plain forward pass",
         "",
@@ -156,9 +160,8 @@ def main() -> None:
         "| CW on eager / eager forward | arithmetic floor (eager / sdpa) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    no_cache = {"use_cache": False}
     with torch.no_grad():
-        for n in args.lengths:
+        for n in lengths:
             ids = torch.randint(10, 40000, (1, n), generator=generator)
             attributor = ContributionWeights(model)
             unchecked = ContributionWeights(model, verify=False)
@@ -169,13 +172,13 @@ def main() -> None:
 
             def contribution_weights(which: ContributionWeights, implementation: str = "sdpa") -> None:
                 model.set_attn_implementation(implementation)  # eager hands its own weights to the scan
-                which.attribute(ids, additional_forward_args=no_cache)
+                which.attribute(ids, additional_forward_args=NO_CACHE)
 
             # each CW next to the forward of its own model (the headline ratio, CW on eager / eager forward)
             runs = interleaved_times({"sdpa": lambda: forward("sdpa"), "cw": lambda: contribution_weights(attributor),
                                       "unchecked": lambda: contribution_weights(unchecked),
                                       "eager": lambda: forward("eager"),
-                                      "cw_eager": lambda: contribution_weights(attributor, "eager")}, args.repeats)
+                                      "cw_eager": lambda: contribution_weights(attributor, "eager")}, repeats)
             times = {name: statistics.median(values) for name, values in runs.items()}
             lines.append(f"| {n} | {times['sdpa']:.3f} | {times['eager']:.3f} | {times['cw']:.3f} | "
                          f"{ratio_cell(runs['cw'], runs['eager'])} | {ratio_cell(runs['cw'], runs['sdpa'])} | "
@@ -184,8 +187,16 @@ def main() -> None:
                          f"{arithmetic_floor(model.config, n, False):.2f}x / "
                          f"{arithmetic_floor(model.config, n, True):.2f}x |")
             print(lines[-1], flush=True)
+    return lines
 
-    n = args.ig_length
+
+def integrated_gradients_lines(model, n: int, repeats: int, generator: torch.Generator) -> list[str]:
+    """The table of last-token attribution at length ``n``: contribution weights against captum's
+    LayerIntegratedGradients (50 steps, half as many repeats)."""
+    from captum.attr import LayerIntegratedGradients
+
+    from captum_cw import ContributionWeights
+
     ids = torch.randint(10, 40000, (1, n), generator=generator)
     with torch.no_grad():
         target = int(model(ids).logits[0, -1].argmax())
@@ -196,13 +207,12 @@ def main() -> None:
     ig = LayerIntegratedGradients(last_logit, model.get_input_embeddings())
     baseline = torch.full_like(ids, model.config.pad_token_id or 0)
     attributor = ContributionWeights(model)
-    ig_repeats = max(1, args.repeats // 2)
     ig_time = median_seconds(lambda: ig.attribute(ids, baselines=baseline, target=target, n_steps=50,
-                                                  internal_batch_size=25), ig_repeats)
+                                                  internal_batch_size=25), max(1, repeats // 2))
     with torch.no_grad():
         cw_time = median_seconds(lambda: attributor.attribute(ids, query_positions=[-1],
-                                                              additional_forward_args=no_cache), args.repeats)
-    lines += [
+                                                              additional_forward_args=NO_CACHE), repeats)
+    return [
         "",
         f"## Last-token attribution, n = {n}: CW (all layers and heads) vs captum's LayerIntegratedGradients",
         "",
@@ -211,16 +221,18 @@ def main() -> None:
         f"| LayerIntegratedGradients, 50 steps, on the embeddings | {ig_time:.3f} | |",
         f"| ContributionWeights, query_positions=[-1] | {cw_time:.3f} | {ig_time / cw_time:.1f}x |",
     ]
-    print("\n".join(lines[-6:]), flush=True)
 
-    n = args.memory_length
+
+def peak_memory_lines(n: int) -> list[str]:
+    """The table of peak memory of a forward pass and of a last-position attribution at length ``n``, each
+    measured in a fresh process (:func:`memory_child`)."""
     peaks = {}
     for mode in ("forward", "attribute"):
         result = subprocess.run([sys.executable, __file__, "--memory-child", mode, str(n)], capture_output=True,
                                 text=True, check=True)
         peaks[mode] = int(result.stdout.strip().splitlines()[-1])
     dense = 30 * 9 * n * n * 4
-    lines += [
+    return [
         "",
         f"## Peak memory, last-position attribution at n = {n} (sdpa model, fresh process each)",
         "",
@@ -232,12 +244,33 @@ def main() -> None:
         f"| for scale: one float32 (layers, heads, n, n) tensor | {dense / 2**20:.0f} |",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    out = Path(args.out)
-    kept = out.read_text() if out.exists() else ""  # the evaluator benchmark's sections and the reading notes
+
+
+def write_results(text: str, out: Path) -> None:
+    """Writes ``text`` to ``out``, keeping what ``out`` holds from :data:`KEPT_FROM` on (the evaluator
+    benchmark's sections and the reading notes)."""
+    kept = out.read_text() if out.exists() else ""
     kept = kept[kept.index(KEPT_FROM):] if KEPT_FROM in kept else ""
     out.write_text(text + "\n" + kept)
+
+
+def main() -> None:
+    args = parse_arguments()
+    if args.memory_child:
+        memory_child(args.memory_child[0], int(args.memory_child[1]))
+        return
+
+    from captum_cw.models import load_model
+
+    model, _ = load_model("smollm2-135m")
+    generator = torch.Generator().manual_seed(0)  # the lengths' ids, then integrated gradients' ids
+    lines = header_lines(args.repeats) + forward_ratio_lines(model, args.lengths, args.repeats, generator)
+    lines += integrated_gradients_lines(model, args.ig_length, args.repeats, generator)
+    print("\n".join(lines[-6:]), flush=True)
+    lines += peak_memory_lines(args.memory_length)
+    text = "\n".join(lines)
+    print(text)
+    write_results(text, Path(args.out))
 
 
 if __name__ == "__main__":

@@ -17,8 +17,17 @@ from captum_cw.attribution import (
     ValueWeightedAttention,
     attribute_metrics,
 )
+from captum_cw.errors import (
+    CaptumCWError,
+    InputError,
+    SelfCheckError,
+    UnsupportedArchitectureError,
+    UnsupportedArgumentError,
+    UnsupportedSetupError,
+)
 from captum_cw.llm import LLMContributionAttribution
 from captum_cw.metrics import Metric, get_metric, metric_names, register_metric
+from captum_cw.positions import Positions
 from captum_cw.sources import SourceAttribution, SourceContributions
 from captum_cw.token_contributions import TokenContributions
 
@@ -28,16 +37,23 @@ __all__ = [
     "Architecture",
     "AttentionLayer",
     "AttentionWeights",
+    "CaptumCWError",
     "ContributionFactors",
     "ContributionWeights",
+    "InputError",
     "LLMContributionAttribution",
     "Metric",
     "MetricAttribution",
     "MetricScores",
     "OutputNormalizedAttention",
+    "Positions",
+    "SelfCheckError",
     "SourceAttribution",
     "SourceContributions",
     "TokenContributions",
+    "UnsupportedArchitectureError",
+    "UnsupportedArgumentError",
+    "UnsupportedSetupError",
     "ValueWeightedAttention",
     "attribute_metrics",
     "find_attention_layers",

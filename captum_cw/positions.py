@@ -11,7 +11,7 @@ from torch import Tensor
 
 from captum_cw.errors import InputError
 
-__all__ = ["Positions", "RowLayout"]
+__all__ = ["Positions"]  # RowLayout: what Positions.layout returns, read by the scoring core
 
 
 def _real_tokens(padding: Tensor | None, batch: int, n: int) -> Tensor:

@@ -4,12 +4,20 @@ import pytest
 import torch
 from transformers.modeling_utils import AttentionInterface
 
-from captum_cw import Architecture, AttentionWeights, ContributionWeights, register_architecture
+from captum_cw import (
+    Architecture,
+    AttentionWeights,
+    ContributionWeights,
+    register_architecture,
+    registered_architectures,
+)
 from tiny_models import FAMILIES, example_inputs
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def llama():
+    """A fresh model per test: the tests below switch its attention implementation, so a shared one would hand
+    each test whatever implementation the test before it left."""
     family = FAMILIES["llama"]
     return family.build(), *example_inputs(family)
 
@@ -82,9 +90,10 @@ def test_model_without_attention_modules():
 
 def test_registered_class_missing_from_model(llama):
     model, _, _ = llama
+    registered = registered_architectures()["llama"]
     register_architecture("llama", Architecture("RenamedAttention", "o_proj"))
     try:
         with pytest.raises(ValueError, match="no attention module of class 'RenamedAttention'"):
             ContributionWeights(model)
     finally:
-        register_architecture("llama", Architecture("LlamaAttention", "o_proj"))
+        register_architecture("llama", registered)  # whatever it was, for the tests that follow in any order

@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from captum_cw import ContributionWeights, geometry, scan
+from conftest import needs, require
 from tiny_models import FAMILIES, example_inputs
 
 
@@ -52,6 +53,7 @@ def test_default_chunks_are_sized_by_the_element_budget(llama, chunk_shapes, mon
     assert [shape[2] for shape in chunk_shapes] == [1] * 9
 
 
+@needs("accelerate")
 def test_accelerate_device_map(llama, tmp_path):
     model, ids, mask = llama
     model.save_pretrained(tmp_path)
@@ -74,6 +76,7 @@ def test_cuda_results_stay_on_the_device(llama, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@needs("accelerate")
 def test_model_spread_over_two_devices(llama, tmp_path):
     model, ids, mask = llama
     model.save_pretrained(tmp_path)
@@ -86,7 +89,7 @@ def test_model_spread_over_two_devices(llama, tmp_path):
 
 @pytest.mark.gpu
 def test_flash_attention_matches_eager(llama):
-    pytest.importorskip("flash_attn")
+    require("flash_attn")
     model, ids, mask = llama
     expected = ContributionWeights(model).attribute(ids, attention_mask=mask)
     flash = FAMILIES["llama"].build().to("cuda", torch.bfloat16)

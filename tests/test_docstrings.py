@@ -2,20 +2,27 @@
 
 import doctest
 import importlib
+import importlib.util
 import pkgutil
 
 import pytest
 import torch
 
 import captum_cw
+from conftest import missing_reason
 
 MODULES = sorted(info.name for info in pkgutil.walk_packages(captum_cw.__path__, "captum_cw.")
                  if info.name != "captum_cw.__main__")
+OPTIONAL = {"captum_cw.inseq_method": "inseq"}  # modules that import an optional package, and the package
 
 
 def _examples():
     finder = doctest.DocTestFinder(exclude_empty=True)
     for name in MODULES:
+        package = OPTIONAL.get(name)
+        if package is not None and importlib.util.find_spec(package) is None:
+            yield pytest.param(None, id=name, marks=pytest.mark.skip(reason=missing_reason(package)))
+            continue
         module = importlib.import_module(name)
         for test in finder.find(module, name):
             if test.examples:

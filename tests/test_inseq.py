@@ -9,7 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-inseq = pytest.importorskip("inseq")
+from conftest import require
+
+inseq = require("inseq")
 
 import captum_cw.inseq_method  # noqa: E402  (registers "contribution_weights")
 from captum_cw import ContributionWeights, TokenContributions  # noqa: E402

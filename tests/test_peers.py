@@ -1,7 +1,6 @@
 """benchmarks/peers.py: the peers harness, each measure against a hand computation, the peers' offline adapters."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import sys
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from captum_cw.tasks.context import context_examples
-from conftest import TEST_DATA
+from conftest import TEST_DATA, needs, require
 from tiny_models import FAMILIES
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -90,7 +89,7 @@ def test_each_measure_equals_its_hand_computation(smollm2, example):
         gone = {p for s, keep in enumerate(mask) if not keep for p in example.sources[s]}
         assert value == pytest.approx(logprob(model, [t for p, t in enumerate(ids) if p not in gone], target),
                                       abs=1e-4)
-    scipy_stats = pytest.importorskip("scipy.stats")
+    scipy_stats = require("scipy.stats")
     expected = scipy_stats.spearmanr(masks.astype(float) @ np.array(per_source), lps).statistic
     assert result["lds"] == pytest.approx(expected)
 
@@ -108,7 +107,7 @@ def test_pointing_counts_ties_as_random_tie_breaking(smollm2, example):
 
 
 def test_spearman_averages_tied_ranks():
-    scipy_stats = pytest.importorskip("scipy.stats")
+    scipy_stats = require("scipy.stats")
     a, b = np.array([1.0, 2.0, 2.0, 5.0, 0.0, 2.0]), np.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0])
     assert spearman(a, b) == pytest.approx(scipy_stats.spearmanr(a, b).statistic)
     assert math.isnan(spearman(np.ones(4), b[:4]))
@@ -204,8 +203,7 @@ def test_an_absent_peer_is_skipped_with_its_reason():
                                                                          needs=("no_such_peer_module",)))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("context_cite") is None,
-                    reason="ContextCite not installed (pip install --no-deps context-cite==0.0.4, docs/PEERS.md)")
+@needs("context_cite")
 def test_contextcite_runs_offline_on_our_sources(smollm2, example, monkeypatch):
     from peer_methods.contextcite import _citer_class
 
@@ -219,8 +217,7 @@ def test_contextcite_runs_offline_on_our_sources(smollm2, example, monkeypatch):
     assert scores.shape == (3,) and np.isfinite(scores).all() and forwards == 32
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lxt") is None,
-                    reason="lxt not installed (pip install --no-deps lxt==2.1, docs/PEERS.md)")
+@needs("lxt")
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 def test_attnlrp_adapter_equals_lxt_patching_the_classes(family, monkeypatch):
     from peer_methods.attnlrp import attnlrp_rules, load_lxt

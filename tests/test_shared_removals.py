@@ -6,12 +6,14 @@ import weakref
 import pytest
 import torch
 
-from captum_cw import MetricAttribution, metric_names
+from captum_cw import metric_names
 from captum_cw.evaluation import load_examples, protocols
 from captum_cw.evaluation.protocols import ProtocolConfig, clean_scores, evaluate_example, layer_metrics
 from captum_cw.evaluation.sequences import encode
 from captum_cw.models import load_model
 from conftest import TEST_DATA
+from reference import reference_metrics
+from tiny_models import FAMILIES
 
 DATA = str(TEST_DATA)
 
@@ -36,9 +38,12 @@ def test_clean_scores_equal_each_metrics_own_attributor(tiny, per_head):
     scores, logits = clean_scores(model, ids, [1, 0], names, per_head, keep=1)
     with torch.no_grad():
         torch.testing.assert_close(logits, model(ids[None]).logits[:, -1:], rtol=1e-5, atol=1e-5)
+    reference = reference_metrics(FAMILIES["llama"], model, ids[None], None)  # float64 [1, layer, head, n, n]
     for name in names:
-        own = MetricAttribution(model, name, layers=[1, 0]).attribute(ids[None], per_head=per_head)[0]
-        assert torch.equal(scores[name], own if per_head else own[:, None]), name  # [layer, head or 1, n, n]
+        expected = reference[name][0, [1, 0]]  # [layer, head, n, n]
+        if not per_head:  # heads reduced as each metric is documented to: summed for cw_inter, else averaged
+            expected = (expected.sum if name == "cw_inter" else expected.mean)(1, keepdim=True)
+        torch.testing.assert_close(scores[name], expected.float(), rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_identical_removals_run_once_and_change_nothing(tiny, monkeypatch):

@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from conftest import TEST_DATA
+from conftest import TEST_DATA, require
+
+nbformat = require("nbformat")
+NotebookClient = require("nbclient").NotebookClient
 
 TUTORIALS = sorted((Path(__file__).parents[1] / "tutorials").glob("*.ipynb"))
 IDS = [path.stem for path in TUTORIALS]

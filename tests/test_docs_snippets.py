@@ -27,6 +27,7 @@ MARKS = {
     "network": "needs the network (a hub id or an online install)",
     "gpu": "needs a CUDA device",
     "long": "long run: see benchmarks/",
+    "worked-example": "run by tests/test_extending.py, in a scratch metric registry",
 }
 FENCE = re.compile(r"^```(\w*)\s*$")
 MARK = re.compile(r"^<!-- snippet: (\S+) -->$")

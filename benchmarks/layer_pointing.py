@@ -130,6 +130,7 @@ def summary_table(records: list[dict], model_name: str) -> str:
 def plot(folders: dict[str, Path], path: Path) -> None:
     r"""Pointing against depth, one panel per model, one line per metric."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -146,9 +147,11 @@ def plot(folders: dict[str, Path], path: Path) -> None:
             axis.plot(range(len(curve)), curve, label=metric, linewidth=2.5 if metric == TARGET else 1.2)
         axis.set(title=f"{name} ({len(group)} answered examples)", xlabel="layer", ylim=(0, 1.02))
         axis.grid(alpha=0.3)
+        axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     axes[0][0].set_ylabel("pointing: top context token is the evidence")
-    axes[0][-1].legend(loc="lower right", fontsize=8)
-    figure.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
+    figure.tight_layout(rect=(0, 0.07, 1, 1))
     save_figure(figure, path, dpi=120)
     plt.close(figure)
 

@@ -111,7 +111,8 @@ def _attribute(args: argparse.Namespace) -> int:
     print(f"{'token':>16}  " + "  ".join(f"{label:>20}" for label in labels))
     for key, token in enumerate(view.tokens):
         cells = "  ".join(f"{view.aggregated[metric][:, key].sum().item():>20.4f}" for metric in view.metrics)
-        print(f"{token!r:>16}  {cells}" + ("  sink" if key in sinks else "") + ("  excluded" if key in excluded else ""))
+        marks = ("  sink" if key in sinks else "") + ("  excluded" if key in excluded else "")
+        print(f"{token!r:>16}  {cells}{marks}")
     if sinks:
         print(f"sink: attention above {view.threshold:g} at the explained position(s), mean over heads and layers")
     if view.exclude is not None:

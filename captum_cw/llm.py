@@ -358,8 +358,9 @@ class LLMContributionAttribution:
         order = sorted(range(len(prompts)), key=lambda i: len(prepared[i].ids) + len(target_ids[i]))
         for begin in range(0, len(order), batch_size):
             chunk = order[begin:begin + batch_size]
-            for i, result in zip(chunk, self._attribute_batch([prepared[i] for i in chunk], [target_ids[i] for i in chunk],
-                                                              bool(merge_subwords), exclude)):
+            batch = self._attribute_batch([prepared[i] for i in chunk], [target_ids[i] for i in chunk],
+                                          bool(merge_subwords), exclude)
+            for i, result in zip(chunk, batch):
                 results[i] = result
         return results[0] if single else results
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from captum_cw.arguments import OneLineParser, device, int_at_least, non_negative_float, percent, probability
 from captum_cw.errors import CaptumCWError, InputError
+from captum_cw.exclusions import EXCLUSIONS
 from captum_cw.files import strict_json
 from captum_cw.metrics import CW_INTER, CW_INTRA, get_metric, metric_names
 from captum_cw.models import DTYPES, load_model
@@ -73,7 +74,7 @@ def _scores(model, tokenizer, args: argparse.Namespace, metrics: list[str] | Non
 
     return attribution_view(model, tokenizer, args.text, args.target, layers=args.layers, heads=args.heads,
                             metrics=metrics, aggregation=args.aggregation, position=args.position,
-                            model_name=args.model)
+                            model_name=args.model, exclude=args.exclude)
 
 
 def _output_files(args: argparse.Namespace) -> tuple[Path | None, dict[str, Path]]:
@@ -103,16 +104,19 @@ def _attribute(args: argparse.Namespace) -> int:
     heatmap, views = _output_files(args)
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     view = _scores(model, tokenizer, args, metrics)
-    sinks = set(view.sinks())
+    sinks, excluded = set(view.sinks()), set(view.excluded_keys())
     explained, title = _what(view)
     print(f"Scores of each token for {explained}, {_over_layers(view)}:")
     labels = [METRIC_LABELS.get(metric, metric) for metric in view.metrics]
     print(f"{'token':>16}  " + "  ".join(f"{label:>20}" for label in labels))
     for key, token in enumerate(view.tokens):
         cells = "  ".join(f"{view.aggregated[metric][:, key].sum().item():>20.4f}" for metric in view.metrics)
-        print(f"{token!r:>16}  {cells}" + ("  sink" if key in sinks else ""))
+        marks = ("  sink" if key in sinks else "") + ("  excluded" if key in excluded else "")
+        print(f"{token!r:>16}  {cells}{marks}")
     if sinks:
         print(f"sink: attention above {view.threshold:g} at the explained position(s), mean over heads and layers")
+    if view.exclude is not None:
+        print(f"excluded (--exclude {view.exclude}): left out of a ranking; its scores are shown as computed")
     if heatmap is not None:
         panels = {label: view.per_layer[metric].sum(1) for label, metric in zip(labels, view.metrics)}  # [layer, key]
         path = plot_layer_token_heatmaps(panels, [display_token(token) for token in view.tokens], heatmap,
@@ -213,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="deprecated: the former name of --metric (inter or intra)")
     attribute.add_argument("--aggregation", default="mean", choices=["last", "mean", "rollout"],
                            help="how the table, HTML strips and files combine layers (default: mean)")
+    attribute.add_argument("--exclude", default=None, choices=list(EXCLUSIONS),
+                           help="mark these tokens as left out of the ranking (not coloured in --html): first, "
+                                "special (BOS/EOS/pad) or sinks (those and keys above 0.3 of the explained "
+                                "position's attention)")
     attribute.add_argument("--out", default=None,
                            help="the heatmap: a .png, .pdf or .svg file, or a folder to write captum_cw_heatmap.png "
                                 "in (default: captum_cw_heatmap.png, unless only --html, --json or --csv are given)")

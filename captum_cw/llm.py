@@ -16,8 +16,9 @@ from transformers import PreTrainedTokenizerBase
 
 from captum_cw.attribution import attributor_for
 from captum_cw.errors import InputError, UnsupportedSetupError, refuse_captum_arguments, require_model
+from captum_cw.exclusions import check_exclusion, excluded_tokens
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
-from captum_cw.metrics import CW_INTER, deprecated_variant
+from captum_cw.metrics import ATTENTION, CW_INTER, deprecated_variant
 from captum_cw.models import readable_tokens
 from captum_cw.positions import Positions
 
@@ -34,7 +35,8 @@ Target: TypeAlias = str | Tensor | Sequence[int] | None
 DEFAULT_GEN_ARGS: dict[str, Any] = {"max_new_tokens": 25, "do_sample": False, "temperature": None, "top_p": None}
 """What ``target=None`` generates with when ``gen_args`` is empty: captum's LLMAttribution defaults (greedy)."""
 
-_ATTRIBUTE_ARGUMENTS = ("inp", "target", "skip_tokens", "num_trials", "gen_args", "merge_subwords", "batch_size")
+_ATTRIBUTE_ARGUMENTS = ("inp", "target", "skip_tokens", "num_trials", "gen_args", "merge_subwords", "batch_size",
+                        "exclude")
 """What :meth:`LLMContributionAttribution.attribute` takes, named when it is given another keyword argument."""
 
 
@@ -185,7 +187,8 @@ class LLMContributionAttribution:
     token an attention sink) rollout gives the first token about 1.0 and the next
     ~1e-5, which describes the sink more than the prompt; prefer ``"mean"`` or
     ``"last"`` there, or leave the first token out of the selection with
-    ``skip_tokens`` (its score is then simply not shown).
+    ``skip_tokens`` (its score is then simply not shown), or zero it with
+    ``exclude="first"`` (``"sinks"`` for every sink).
 
     Args:
         model (nn.Module): a causal language model of a supported architecture
@@ -253,6 +256,8 @@ class LLMContributionAttribution:
         gen_args: Mapping[str, Any] | None = None,
         merge_subwords: bool = False,
         batch_size: int = 16,
+        *,
+        exclude: str | None = None,
         **captum_arguments: Any,
     ) -> LLMAttributionResult | list[LLMAttributionResult]:
         r"""
@@ -301,6 +306,22 @@ class LLMContributionAttribution:
                         the attention mask and position ids; every result equals its
                         prompt's own run).
                         Default: 16
+            exclude (str, optional): prompt tokens whose scores are set to 0 (they stay
+                        features, so a ranking of the features leaves them out unless
+                        a feature holds other tokens too), with
+                        :class:`~captum_cw.TokenContributions`' meaning
+                        (:func:`captum_cw.exclusions.excluded_tokens`): ``"first"`` (the
+                        prompt's first token), ``"special"`` (the model's BOS, EOS and
+                        padding ids) or ``"sinks"`` (those and every key taking more than
+                        :data:`~captum_cw.exclusions.SINK_THRESHOLD` of the attention of
+                        the row that predicts a target token, mean over heads and the
+                        selected layers: decided per target token). The excluded scores
+                        are dropped, not redistributed, so a row of ``token_attr`` no
+                        longer sums to what it sums to without them (for inter-head
+                        contribution weights, 1 minus the target prefix's share); this
+                        front end returns no convergence delta. To leave tokens out of the
+                        features instead, use ``skip_tokens``.
+                        Default: None
             **captum_arguments: refused with an
                         :class:`~captum_cw.errors.UnsupportedArgumentError` (a TypeError)
                         that says what to do instead (Captum's ``n_steps``,
@@ -329,6 +350,7 @@ class LLMContributionAttribution:
         if gen_args and all(t is not None for t in targets):
             raise InputError("gen_args is only used to generate a missing target (target=None); every prompt has "
                              "a target here, so leave gen_args out.")
+        check_exclusion(exclude, named_only=True)
         skip_ids = self._skip_ids(skip_tokens)
         prepared = [self._prepare_prompt(prompt, skip_ids, bool(merge_subwords)) for prompt in prompts]
         target_ids = [self._target_ids(p.ids, t, gen_args) for p, t in zip(prepared, targets)]
@@ -336,8 +358,9 @@ class LLMContributionAttribution:
         order = sorted(range(len(prompts)), key=lambda i: len(prepared[i].ids) + len(target_ids[i]))
         for begin in range(0, len(order), batch_size):
             chunk = order[begin:begin + batch_size]
-            for i, result in zip(chunk, self._attribute_batch([prepared[i] for i in chunk],
-                                                              [target_ids[i] for i in chunk], bool(merge_subwords))):
+            batch = self._attribute_batch([prepared[i] for i in chunk], [target_ids[i] for i in chunk],
+                                          bool(merge_subwords), exclude)
+            for i, result in zip(chunk, batch):
                 results[i] = result
         return results[0] if single else results
 
@@ -457,8 +480,8 @@ class LLMContributionAttribution:
             raise InputError("target is empty; pass at least one target token.")
         return target_ids
 
-    def _attribute_batch(self, prompts: list[_Prompt], targets: list[Tensor],
-                         merge: bool) -> list[LLMAttributionResult]:
+    def _attribute_batch(self, prompts: list[_Prompt], targets: list[Tensor], merge: bool,
+                         exclude: str | None) -> list[LLMAttributionResult]:
         r"""One forward pass for a batch: left padded, each example's rows picked from the union of rows."""
         lengths = [len(p.ids) + len(t) for p, t in zip(prompts, targets)]
         n = max(lengths)
@@ -472,19 +495,24 @@ class LLMContributionAttribution:
             mask[b, offset:] = 1
             rows.append(torch.arange(len(target)) + offset + len(prompt.ids) - 1)
         extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if self._takes_position_ids else None
-        layers = self.attributor.layers
+        layers, metric = self.attributor.layers, self.attributor.metric
+        metrics = list(dict.fromkeys([metric, ATTENTION] if exclude == "sinks" else [metric]))
         if self.layer_aggregation == "rollout":  # every row of every layer, composed in forward order
             wanted = None
-            scores, _, output = self.attributor.attribute_with_output(ids, mask, extra, None)  # [b, layer, n, n]
+            found = self.attributor.score(ids, mask, extra, None, metrics)
         else:  # the union of the rows the batch needs, once each
             wanted = torch.cat(rows).unique()  # sorted; some are padding in a shorter example (rows of 0)
-            found = self.attributor.score(ids, mask, extra, Positions.shared(wanted, allow_padding=True))
-            scores, output = found.scores[self.attributor.metric.name], found.output  # [b, layer, row, n]
-        scores = in_forward_order(scores, layers)
+            found = self.attributor.score(ids, mask, extra, Positions.shared(wanted, allow_padding=True), metrics)
+        scores, output = in_forward_order(found.scores[metric.name], layers), found.output  # [b, layer, row, n]
+        attention = found.scores[ATTENTION.name] if exclude == "sinks" else None  # [b, layer, row, n]
+        excluded = excluded_tokens(exclude, ids, mask.bool(), self.model,
+                                   None if attention is None else in_forward_order(attention, layers).transpose(1, 2))
         picked = []  # per example [target, n]
         for b in range(len(prompts)):
-            example_rows = rows[b] if wanted is None else torch.searchsorted(wanted, rows[b])
-            picked.append(aggregate_layers(scores[b], example_rows.to(scores.device), self.layer_aggregation))
+            example_rows = (rows[b] if wanted is None else torch.searchsorted(wanted, rows[b])).to(scores.device)
+            example_scores = aggregate_layers(scores[b], example_rows, self.layer_aggregation)  # [target, n]
+            left_out = excluded[b, example_rows.to(excluded.device)] if excluded.dim() == 3 else excluded[b][None]
+            picked.append(torch.where(left_out.to(example_scores.device), 0.0, example_scores))
         results = []
         for b, (prompt, target) in enumerate(zip(prompts, targets)):
             offset = n - lengths[b]

@@ -173,6 +173,7 @@ def test_any_metric_and_the_deprecated_variant(capsys, tiny_llm_dir, tmp_path):
     (["--metric", "both"], "argument --metric: Unknown metric 'both'; choose one of attention"),
     (["--variant", "both"], "argument --variant: Unknown metric 'both'"),
     (["--position", "last"], "argument --position: invalid int value: 'last'"),
+    (["--exclude", "bos"], "argument --exclude: invalid choice: 'bos'"),
 ])
 def test_bad_arguments_exit_2_when_parsed(capsys, extra, message):
     line = _fails(capsys, ["attribute", TEXT, *extra])
@@ -188,3 +189,14 @@ def test_a_target_of_several_tokens_sums_its_positions(capsys, tiny_llm_dir, tmp
     aggregated = torch.tensor(document["scores"]["attention"]["aggregated"])  # [position, key]
     france = [line for line in out.splitlines() if line.strip().startswith("' France'")][0]
     assert float(france.split()[-1]) == pytest.approx(float(aggregated[:, 3].sum()), abs=1e-4)
+
+
+def test_exclude_marks_the_excluded_tokens_in_the_table_json_and_page(capsys, tiny_llm_dir, tmp_path):
+    out = _run(capsys, tiny_llm_dir, tmp_path, "--exclude", "first", "--json", str(tmp_path / "v.json"),
+               "--html", str(tmp_path / "v.html"))
+    rows = [line for line in out.splitlines() if line.startswith(" ") and "'" in line]
+    assert rows[0].endswith("excluded") and not any(row.endswith("excluded") for row in rows[1:])
+    assert "excluded (--exclude first)" in out
+    document = json.loads((tmp_path / "v.json").read_text())
+    assert document["exclude"] == "first" and document["excluded"] == [[0]]
+    assert 'class="tok excluded"' in (tmp_path / "v.html").read_text(encoding="utf-8")

@@ -26,6 +26,7 @@ LAYERS = {
     # 1: a model's attention, read and registered; figures, written through files
     "captum_cw.architectures": 1,
     "captum_cw.capture": 1,
+    "captum_cw.exclusions": 1,
     "captum_cw.metrics": 1,
     "captum_cw.plotting": 1,
     # 2-5: one forward pass, checked, its scores and the attributors

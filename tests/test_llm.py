@@ -292,3 +292,52 @@ def test_smollm2_rows_are_the_predicting_positions(smollm2, aggregation):
         row = result.token_attr[0]
         assert row[0] > 0.99 and row[1:].abs().max() < 1e-3
         torch.testing.assert_close(row.sum(), torch.tensor(1.0), rtol=0, atol=1e-3)  # prompt keys take ~all of it
+
+
+@pytest.mark.parametrize("aggregation", ["mean", "rollout"])
+def test_exclude_zeroes_the_excluded_prompt_tokens_against_a_brute_force(tiny, aggregation):
+    model, tokenizer = tiny
+    explainer = LLMContributionAttribution(model, tokenizer, layer_aggregation=aggregation)
+    plain = explainer.attribute(PROMPTS, TARGETS)
+    first = explainer.attribute(PROMPTS, TARGETS, exclude="first")
+    for result, expected in zip(first, plain):  # the plain scores with each prompt's position 0 zeroed
+        wanted = expected.token_attr.clone()
+        wanted[:, 0] = 0
+        torch.testing.assert_close(result.token_attr, wanted, rtol=0, atol=1e-6)
+        torch.testing.assert_close(result.seq_attr, wanted.sum(0), rtol=0, atol=1e-5)
+    model.config.bos_token_id = int(_ids(tokenizer, PROMPTS[0], special=False)[1])  # " capital" made special
+    try:
+        special = explainer.attribute(PROMPTS[0], TARGETS[0], exclude="special")
+    finally:
+        model.config.bos_token_id = tokenizer.bos_token_id
+    torch.testing.assert_close(special.token_attr[:, 1], torch.zeros(len(special.output_tokens)))
+    torch.testing.assert_close(special.token_attr[:, [0, 2, 3, 4]], plain[0].token_attr[:, [0, 2, 3, 4]])
+
+
+def test_exclude_sinks_zeroes_the_keys_that_take_most_of_each_predicting_rows_attention(tiny):
+    from captum_cw import AttentionWeights
+
+    model, tokenizer = tiny
+    prompt, target = PROMPTS[1], TARGETS[1]
+    prompt_ids, target_ids = _ids(tokenizer, prompt), _ids(tokenizer, target, special=False)
+    ids = torch.cat([prompt_ids, target_ids])[None]
+    n, m = len(prompt_ids), len(target_ids)
+    rows = list(range(n - 1, n + m - 1))  # the rows that predict the target's tokens
+    attention = AttentionWeights(model).attribute(ids, query_positions=rows)[0]  # [layer, row, key]
+    sinks = attention.mean(0)[:, :n] > 0.3  # [row, prompt key]
+    assert sinks.any() and not sinks.all()  # the check means something on this model
+    explainer = LLMContributionAttribution(model, tokenizer)
+    plain = explainer.attribute(prompt, target).token_attr
+    excluded = explainer.attribute(prompt, target, exclude="sinks").token_attr
+    torch.testing.assert_close(excluded, torch.where(sinks, 0.0, plain), rtol=0, atol=1e-6)
+    batched = explainer.attribute(PROMPTS, TARGETS, exclude="sinks")[1]  # padding changes nothing
+    torch.testing.assert_close(batched.token_attr, excluded, rtol=0, atol=1e-5)
+
+
+def test_exclude_takes_only_the_named_exclusions(tiny):
+    from captum_cw.errors import InputError
+
+    explainer = LLMContributionAttribution(*tiny)
+    for bad in ("bos", [0], True):
+        with pytest.raises(InputError, match="exclude must be one of first, special, sinks; got"):
+            explainer.attribute(PROMPTS[0], TARGETS[0], exclude=bad)

@@ -131,6 +131,26 @@ def test_sinks_are_keys_with_large_attention(tiny):
     assert view.sinks() == [j for j in range(len(view.tokens)) if attention[:, j].mean() > 0.2]
 
 
+
+def test_exclusions_are_the_first_token_and_the_keys_above_the_threshold_at_each_position(tiny):
+    model, tokenizer = tiny
+    plain = attribution_view(model, tokenizer, TEXT, " Paris is")
+    first = attribution_view(model, tokenizer, TEXT, " Paris is", exclude="first")
+    assert first.exclude == "first" and first.excluded == [[0], [0]] and plain.excluded == []
+    torch.testing.assert_close(first.aggregated["cw_inter"], plain.aggregated["cw_inter"])  # scores kept, marked
+    ids = torch.tensor([plain.token_ids + [0]])  # the keys and the target's last token
+    rows = plain.positions
+    attention = AttentionWeights(model).attribute(ids, query_positions=rows)[0, :, :, :len(plain.tokens)]
+    found = []
+    for threshold in (0.15, 0.2, 0.3):  # [layer, position, key] -> each position's keys above it, mean over layers
+        expected = [(row > threshold).nonzero().flatten().tolist() for row in attention.mean(0)]
+        sinks = attribution_view(model, tokenizer, TEXT, " Paris is", exclude="sinks", threshold=threshold)
+        assert sinks.excluded == expected and sinks.excluded_keys() == sorted({k for keys in expected for k in keys})
+        assert sinks.to_dict()["excluded"] == expected
+        found.append(any(expected))
+    assert any(found) and not all(found)  # some thresholds mark keys on this model, some do not
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"target": " Paris", "position": 1}, "give a position or a target, not both"),
     ({"position": 5}, "position 5 is outside the text's 5 tokens"),
@@ -140,6 +160,7 @@ def test_sinks_are_keys_with_large_attention(tiny):
     ({"metrics": ()}, "metrics is empty"),
     ({"layers": [2]}, "layer 2 is out of range"),
     ({"threshold": 1.0}, "threshold is a share"),
+    ({"exclude": "bos"}, "exclude must be one of first, special, sinks; got 'bos'"),
 ])
 def test_view_refuses_bad_options(tiny, kwargs, message):
     model, tokenizer = tiny
@@ -219,6 +240,26 @@ def test_html_view_is_one_valid_self_contained_page(tiny, tmp_path):
     assert write_html(view, folder) == folder / "captum_cw.html"  # a folder gets the page inside it
     with pytest.raises(ValueError, match="has the suffix '.txt'"):
         write_html(view, tmp_path / "view.txt")
+
+
+
+def test_html_view_marks_excluded_tokens_instead_of_colouring_them(tiny):
+    model, tokenizer = tiny
+    view = attribution_view(model, tokenizer, TEXT, exclude="first")
+    page = render_html(view)
+    parser = _TagBalance()
+    parser.feed(page)
+    assert parser.errors == [] and parser.stack == [], (parser.errors, parser.stack)
+    chips = [attrs for tag, attrs in parser.tags if tag == "span" and "tok" in attrs.get("class", "").split()
+             and "position " in attrs.get("title", "")]
+    assert len(chips) == len(view.metrics) * len(view.tokens)
+    for chip in chips:
+        excluded = chip["title"].split(" · ")[1] == "position 0"
+        assert ("excluded" in chip["class"].split()) == excluded and ("style" not in chip) == excluded
+        assert ("excluded (first)" in chip["title"]) == excluded
+    data = json.loads(re.search(r'<script type="application/json" id="cw-data">(.*?)</script>', page, re.S)[1])
+    assert data["excluded"] == [[0]] and "<b>Excluded</b> (first" in page
+    assert "<b>Excluded</b>" not in render_html(attribution_view(model, tokenizer, TEXT))
 
 
 # ------------------------------------------------------------------------------- readable token labels

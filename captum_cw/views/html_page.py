@@ -56,19 +56,23 @@ def _colour(value: float, limit: float) -> str:
     return "rgb({},{},{})".format(*(round(255 + (e - 255) * abs(t)) for e in end))
 
 
-def _chip(token: str, title: str, value: float, limit: float, sink: bool) -> str:
-    cls = "tok sink" if sink else "tok"
+def _chip(token: str, title: str, value: float, limit: float, sink: bool, excluded: bool = False) -> str:
+    cls = "tok" + (" sink" if sink else "") + (" excluded" if excluded else "")
+    text = f"{html.escape(display_token(token)) or '&nbsp;'}</span>"
+    if excluded:  # left out of the ranking: marked, not coloured
+        return f'<span class="{cls}" title="{html.escape(title)}">{text}'
     ink = ";color:#fff" if limit > 0 and abs(value) > 0.55 * limit else ""  # dark cells get white text
-    return (f'<span class="{cls}" style="background:{_colour(value, limit)}{ink}" title="{html.escape(title)}">'
-            f"{html.escape(display_token(token)) or '&nbsp;'}</span>")
+    return f'<span class="{cls}" style="background:{_colour(value, limit)}{ink}" title="{html.escape(title)}">{text}'
 
 
-def _limit(values: Tensor, sinks: set[int]) -> float:
-    r"""The colour scale's end: the largest |score| of the keys that are not sinks (a sink's large score would
-    leave every other key white; sinks saturate instead), or of all keys when that is 0."""
-    others = [key for key in range(len(values)) if key not in sinks]
+def _limit(values: Tensor, sinks: set[int], excluded: set[int]) -> float:
+    r"""The colour scale's end: the largest |score| of the keys that are neither sinks (a sink's large score would
+    leave every other key white; sinks saturate instead) nor excluded, or of the keys not excluded when that is
+    0."""
+    others = [key for key in range(len(values)) if key not in sinks and key not in excluded]
     limit = float(values[others].abs().max()) if others else 0.0
-    return limit if limit > 0 else float(values.abs().max())
+    shown = [key for key in range(len(values)) if key not in excluded]
+    return limit if limit > 0 or not shown else float(values[shown].abs().max())
 
 
 def _token_strips(view: AttributionView) -> str:
@@ -80,12 +84,15 @@ def _token_strips(view: AttributionView) -> str:
     blocks = []
     for choice, rows in choices:
         lines = []
+        excluded = set(view.excluded_keys(rows))
         for metric in view.metrics:
             values = view.aggregated[metric][rows].sum(0)  # [key]
-            limit = _limit(values, sinks)
+            limit = _limit(values, sinks, excluded)
             chips = "".join(
                 _chip(token, f"{token!r} · position {key} · {metric} = {float(value):.6g}"
-                      + (" · sink" if key in sinks else ""), float(value), limit, key in sinks)
+                      + (" · sink" if key in sinks else "") + (f" · excluded ({view.exclude})" if key in excluded
+                                                               else ""),
+                      float(value), limit, key in sinks, key in excluded)
                 for key, (token, value) in enumerate(zip(view.tokens, values)))
             lines.append(f'<div class="strip"><span class="metric">{METRIC_LABELS.get(metric, metric)}</span>'
                          f'<span class="chips">{chips}</span></div>')
@@ -108,7 +115,7 @@ def _heatmap_data(view: AttributionView) -> dict[str, Any]:
     return {
         "tokens": view.tokens, "positions": view.positions, "layers": view.layers, "heads": view.heads,
         "metrics": view.metrics, "labels": {m: METRIC_LABELS.get(m, m) for m in view.metrics},
-        "threshold": view.threshold, "sinks": view.sinks(),
+        "threshold": view.threshold, "sinks": view.sinks(), "excluded": view.excluded,
         "per_layer": {m: _round(view.per_layer[m].tolist()) for m in view.metrics},
         "per_head": {m: _round(view.per_head[m].tolist()) for m in view.metrics},
     }
@@ -156,6 +163,7 @@ def render_html(view: AttributionView) -> str:
     position(s), per-head heatmaps of one layer (click a layer), sinks marked, exact values on hover."""
     title = f"captum_cw: {view.model}" if view.model else "captum_cw"
     sinks = ", ".join(f"{view.tokens[k]!r} ({k})" for k in view.sinks()) or "none"
+    excluded = ", ".join(f"{view.tokens[k]!r} ({k})" for k in view.excluded_keys()) or "none"
     return Template(_template("page.html")).substitute(
         title=html.escape(title),
         text=html.escape(view.text),
@@ -165,6 +173,8 @@ def render_html(view: AttributionView) -> str:
         heads=index_ranges(view.heads),
         threshold=f"{view.threshold:g}",
         sinks=html.escape(sinks),
+        excluded="" if view.exclude is None else (f" &nbsp; <b>Excluded</b> ({html.escape(view.exclude)}, "
+                                                  f"marked, not coloured): {html.escape(excluded)}"),
         position_options=_position_options(view),
         aggregation=html.escape(_aggregation_label(view)),
         token_strips=_token_strips(view),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from captum_cw.attribution import attribute_metrics, attributor_for
 from captum_cw.errors import InputError
+from captum_cw.exclusions import check_exclusion, excluded_tokens
 from captum_cw.files import output_path, strict_json, write_atomically
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import ATTENTION, CW_INTER, CW_INTRA, deprecated_variant, get_metric
@@ -82,6 +83,10 @@ class AttributionView:
         per_layer (dict[str, Tensor]): metric -> ``(n_layers, n_positions, n_keys)``, heads summed (inter-head CW)
                     or averaged (the others).
         aggregated (dict[str, Tensor]): metric -> ``(n_positions, n_keys)``, layers combined by ``aggregation``.
+        exclude (str or None): the exclusion asked for (:data:`captum_cw.exclusions.EXCLUSIONS`).
+        excluded (list[list[int]]): per explained position, the keys ``exclude`` leaves out of a ranking
+                    (:func:`captum_cw.exclusions.excluded_tokens`; ``"sinks"`` with ``threshold``); the scores keep
+                    their values, the views mark these keys instead of colouring them. Empty without ``exclude``.
     """
 
     model: str
@@ -103,6 +108,8 @@ class AttributionView:
     per_head: dict[str, Tensor]
     per_layer: dict[str, Tensor]
     aggregated: dict[str, Tensor]
+    exclude: str | None = None
+    excluded: list[list[int]] = field(default_factory=list)
 
     @property
     def metrics(self) -> list[str]:
@@ -117,6 +124,12 @@ class AttributionView:
         r"""The keys whose attention, averaged also over layers, exceeds ``threshold``."""
         return (self.per_layer[ATTENTION.name].mean((0, 1)) > self.threshold).nonzero().flatten().tolist()
 
+    def excluded_keys(self, rows: Sequence[int] | None = None) -> list[int]:
+        r"""The keys excluded at any of the explained positions ``rows`` (indices into :attr:`positions`; default:
+        all of them), sorted."""
+        chosen = self.excluded if rows is None else [self.excluded[r] for r in rows if r < len(self.excluded)]
+        return sorted({key for keys in chosen for key in keys})
+
     def to_dict(self) -> dict[str, Any]:
         r"""The JSON document of ``captum-cw attribute --json`` (schema in README, "Views")."""
         return {
@@ -125,6 +138,7 @@ class AttributionView:
             "predicted": self.predicted, "target_tokens": self.target_tokens, "target_probs": self.target_probs,
             "layers": self.layers, "heads": self.heads, "aggregation": self.aggregation,
             "threshold": self.threshold, "sinks": self.sinks(), "sinks_per_layer": self.sinks_per_layer(),
+            "exclude": self.exclude, "excluded": self.excluded,
             "scores": {metric: {"aggregated": self.aggregated[metric].tolist(),
                                 "per_layer": self.per_layer[metric].tolist(),
                                 "per_head": self.per_head[metric].tolist()} for metric in self.metrics},
@@ -296,6 +310,7 @@ def attribution_view(
     threshold: float = 0.3,
     model_name: str = "",
     variants: Sequence[str] | None = None,
+    exclude: str | None = None,
 ) -> AttributionView:
     r"""
     Contribution weights (or other metrics) and attention of every key for the explained positions, per head, per
@@ -318,11 +333,16 @@ def attribution_view(
         model_name (str, optional): a name for titles.
         variants (Sequence[str], optional): deprecated: the former name of ``metrics`` (``"inter"``, ``"intra"``),
                     with a DeprecationWarning.
+        exclude (str, optional): ``"first"``, ``"special"`` or ``"sinks"``: the keys to mark as left out of the
+                    ranking at each explained position, with :class:`~captum_cw.TokenContributions`' meaning
+                    (:func:`captum_cw.exclusions.excluded_tokens`; ``"sinks"`` uses ``threshold`` on each
+                    position's attention, mean over heads and the layers used). Default: None
     Returns:
         :class:`AttributionView`.
     """
     shown = _shown_metrics(metrics, variants)
     _check_options(aggregation, threshold)
+    check_exclusion(exclude, named_only=True)
     explained = _explained_text(tokenizer, text, target, position)
     ids, rows = explained.ids, explained.rows
     probe = attributor_for(ATTENTION.name, model, layers, heads)  # resolves and checks the indices
@@ -334,6 +354,9 @@ def attribution_view(
     n_keys = max(rows) + 1 if causal else len(ids)  # keys no explained position can read are left out
     per_head, per_layer, aggregated = _scores_per_level(scores, rows, aggregation, n_keys)
     predicted, target_probs = _predictions(output, explained, tokenizer)
+    attention = per_layer[ATTENTION.name].transpose(0, 1)[None]  # [1, position, layer, key]
+    excluded = excluded_tokens(exclude, ids[None, :n_keys], None, model, attention, threshold)  # [1, (position,) key]
+    excluded = excluded[0].expand(len(rows), n_keys)  # [position, key]
     target_ids = explained.target_ids
     return AttributionView(
         model=model_name, text=text, target=target, token_ids=ids[:n_keys].tolist(),
@@ -342,5 +365,6 @@ def attribution_view(
         target_tokens=None if target_ids is None else readable_tokens(tokenizer, target_ids.tolist()),
         target_probs=target_probs, layers=layer_list, heads=head_list, n_layers=len(probe.attention_layers),
         n_heads=probe.n_heads, aggregation=aggregation,
-        threshold=threshold, per_head=per_head, per_layer=per_layer, aggregated=aggregated,
+        threshold=threshold, per_head=per_head, per_layer=per_layer, aggregated=aggregated, exclude=exclude,
+        excluded=[row.nonzero().flatten().tolist() for row in excluded] if exclude is not None else [],
     )

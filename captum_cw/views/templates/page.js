@@ -3,6 +3,8 @@ const K = D.tokens.length;
 const shown = t => t.replace(/\r/g, "").replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5");
 const short = t => t.length > 11 ? t.slice(0, 10) + "\u2026" : t;  // column labels: 11 characters at most
 const sinkKeys = new Set(D.sinks);
+let excludedKeys = new Set();  // the selected position's excluded keys (any position's for "sum")
+const excludedAt = sel => new Set(sel === "sum" ? D.excluded.flat() : (D.excluded[+sel] || []));
 function colour(v, lim) {
   if (!(lim > 0)) return "#fff";
   const t = Math.max(-1, Math.min(1, v / lim)), end = t >= 0 ? [178, 24, 43] : [33, 102, 172];
@@ -26,8 +28,8 @@ function grid(title, rowLabels, matrix, sinkMask, scale, onRow, selected) {
   wrap.className = "panel";
   const clip = scale !== "all";  // leave the sink keys out of the scale: they saturate instead
   const peak = m => {
-    const kept = Math.max(0, ...m.map((v, j) => clip && sinkKeys.has(j) ? 0 : Math.abs(v)));
-    return kept > 0 ? kept : Math.max(0, ...m.map(Math.abs));
+    const kept = Math.max(0, ...m.map((v, j) => (clip && sinkKeys.has(j)) || excludedKeys.has(j) ? 0 : Math.abs(v)));
+    return kept > 0 ? kept : Math.max(0, ...m.map((v, j) => excludedKeys.has(j) ? 0 : Math.abs(v)));
   };
   const gridLimit = Math.max(0, ...matrix.map(peak));
   const perRow = scale === "row";
@@ -45,9 +47,9 @@ function grid(title, rowLabels, matrix, sinkMask, scale, onRow, selected) {
   g.appendChild(document.createElement("div"));
   D.tokens.forEach((t, j) => {
     const c = document.createElement("div");
-    c.className = sinkKeys.has(j) ? "col sink" : "col";
+    c.className = (sinkKeys.has(j) ? "col sink" : "col") + (excludedKeys.has(j) ? " excluded" : "");
     c.textContent = sinkKeys.has(j) ? "\u25bc" + short(shown(t)) : ((K - 1 - j) % every === 0 ? short(shown(t)) : "");
-    c.title = j + ": " + JSON.stringify(t) + (sinkKeys.has(j) ? " (sink)" : "");
+    c.title = j + ": " + JSON.stringify(t) + (sinkKeys.has(j) ? " (sink)" : "") + (excludedKeys.has(j) ? " (excluded)" : "");
     g.appendChild(c);
   });
   matrix.forEach((values, r) => {
@@ -59,8 +61,8 @@ function grid(title, rowLabels, matrix, sinkMask, scale, onRow, selected) {
     const lim = perRow ? peak(values) : gridLimit;
     values.forEach((v, j) => {
       const c = document.createElement("div");
-      c.className = sinkMask && sinkMask[r][j] > D.threshold ? "c s" : "c";
-      c.style.background = colour(v, lim);
+      c.className = (sinkMask && sinkMask[r][j] > D.threshold ? "c s" : "c") + (excludedKeys.has(j) ? " x" : "");
+      if (!excludedKeys.has(j)) c.style.background = colour(v, lim);
       c.title = rowLabels[r] + " \u00b7 " + JSON.stringify(D.tokens[j]) + " (" + j + ") \u00b7 " + title
         + " = " + v.toPrecision(6) + (sinkMask ? " \u00b7 attention " + sinkMask[r][j].toPrecision(3) : "");
       g.appendChild(c);
@@ -72,6 +74,7 @@ function grid(title, rowLabels, matrix, sinkMask, scale, onRow, selected) {
 const state = {row: document.getElementById("row").value, layer: D.layers.length - 1};
 function render() {
   const sel = state.row, scale = document.getElementById("scale").value;
+  excludedKeys = excludedAt(sel);
   document.querySelectorAll(".strips").forEach(s => { s.hidden = s.dataset.row !== sel; });
   const layers = document.getElementById("layers"); layers.innerHTML = "";
   const attention = D.per_layer.attention.map(l => meanRows(l, sel));

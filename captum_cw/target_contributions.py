@@ -109,6 +109,7 @@ def target_scores(
     positions: Tensor,
     targets: Tensor,
     rows: str = "explained",
+    *,
     verify: bool = True,
 ) -> TargetScores:
     r"""

@@ -30,6 +30,7 @@ def sink_study(
     threshold: float = 0.3,
     max_tokens: int = 256,
     factor: float = 0.0,
+    *,
     progress: bool = True,
 ) -> dict[str, Any]:
     r"""

@@ -56,7 +56,7 @@ def _colour(value: float, limit: float) -> str:
     return "rgb({},{},{})".format(*(round(255 + (e - 255) * abs(t)) for e in end))
 
 
-def _chip(token: str, title: str, value: float, limit: float, sink: bool) -> str:
+def _chip(token: str, title: str, value: float, limit: float, *, sink: bool) -> str:
     cls = "tok sink" if sink else "tok"
     ink = ";color:#fff" if limit > 0 and abs(value) > 0.55 * limit else ""  # dark cells get white text
     return (f'<span class="{cls}" style="background:{_colour(value, limit)}{ink}" title="{html.escape(title)}">'
@@ -85,7 +85,7 @@ def _token_strips(view: AttributionView) -> str:
             limit = _limit(values, sinks)
             chips = "".join(
                 _chip(token, f"{token!r} · position {key} · {metric} = {float(value):.6g}"
-                      + (" · sink" if key in sinks else ""), float(value), limit, key in sinks)
+                      + (" · sink" if key in sinks else ""), float(value), limit, sink=key in sinks)
                 for key, (token, value) in enumerate(zip(view.tokens, values)))
             lines.append(f'<div class="strip"><span class="metric">{METRIC_LABELS.get(metric, metric)}</span>'
                          f'<span class="chips">{chips}</span></div>')

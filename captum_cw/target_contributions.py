@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -100,6 +100,61 @@ def _requiring_grad(model: nn.Module, model_inputs: ModelInputs) -> Any:
     return embeddings.register_forward_hook(require_grad)
 
 
+class _DifferentiatedPass(NamedTuple):
+    r"""What :func:`_differentiated_pass` keeps of its forward and backward pass, layers keyed by their index in
+    ``layers``."""
+
+    explained: dict[int, HeadGeometry]  # the explained rows' geometry
+    projected: dict[int, Tensor]  # the output projection's output [batch, n, d_model]
+    values: dict[int, Tensor]  # the value vectors the kernel read [batch, kv_head, n, d_head]
+    gradients: tuple[Tensor | None, ...]  # of the objective: each projected output, then (rows="all") each values
+    objective: Tensor  # [batch, n_targets] each target's log-probability
+    output: Any  # the model's output
+
+
+def _differentiated_pass(model: nn.Module, layers: Sequence[AttentionLayer], model_inputs: ModelInputs,
+                         positional: tuple[Any, ...], wanted: Tensor, positions: Tensor, targets: Tensor, *,
+                         rows: str, verify: bool) -> _DifferentiatedPass:
+    r"""One forward pass with the autograd graph, keeping the geometry of the ``wanted`` rows and each layer's
+    attention output (and value vectors), and one backward pass of the targets' objective to them."""
+    explained: dict[int, HeadGeometry] = {}
+    projected: dict[int, Tensor] = {}  # layer -> its output projection's output [batch, n, d_model]
+    values: dict[int, Tensor] = {}  # layer -> the value vectors the kernel read [batch, kv_head, n, d_head]
+
+    def keep_geometry(k: int, chunk_rows: Tensor, geometry: HeadGeometry) -> None:
+        explained[k] = geometry  # one chunk: the explained rows are few
+
+    def keep_values(call: AttentionCall) -> None:
+        values[index_of[id(call.module)]] = call.value
+
+    index_of = {id(layer.attention): k for k, layer in enumerate(layers)}
+    hooks = [layer.output_projection.register_forward_hook(
+        lambda module, args, output, k=k: projected.__setitem__(k, output)) for k, layer in enumerate(layers)]
+    embedding_hook = _requiring_grad(model, model_inputs)
+    try:
+        with capture_attention(model, [layer.attention for layer in layers], keep_values):
+            explained_rows = Positions.shared(wanted, allow_padding=True)  # each example reads its own among them
+            output = scan_geometry(model, layers, model_inputs, positional, explained_rows, keep_geometry,
+                                   chunk_size=len(wanted), verify=verify, grad=True)
+        logits = getattr(output, "logits", None)
+        if not isinstance(logits, Tensor):
+            raise UnsupportedSetupError(f"{type(model).__name__} returns no logits, so a target has nothing to be "
+                                        "read from: use a model with a language-modelling or classification head "
+                                        "(e.g. AutoModelForCausalLM), or leave target out.")
+        with torch.enable_grad():
+            objective = _target_objective(logits, positions, targets)
+        differentiated = [projected[k] for k in range(len(layers))]
+        if rows == "all":
+            differentiated += [values[k] for k in range(len(layers))]
+        gradients = torch.autograd.grad(objective.sum(), differentiated, allow_unused=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        if embedding_hook is not None:
+            embedding_hook.remove()
+    return _DifferentiatedPass(explained, projected, values, gradients, objective, output)
+
+
 def target_scores(
     model: nn.Module,
     layers: Sequence[AttentionLayer],
@@ -143,41 +198,9 @@ def target_scores(
                          "position per target.")
     wanted = positions.unique()  # the explained rows of the batch, sorted
     slot = torch.searchsorted(wanted, positions)  # [batch, t] each target's row among them
-    explained: dict[int, HeadGeometry] = {}
-    projected: dict[int, Tensor] = {}  # layer -> its output projection's output [batch, n, d_model]
-    values: dict[int, Tensor] = {}  # layer -> the value vectors the kernel read [batch, kv_head, n, d_head]
-
-    def keep_geometry(k: int, chunk_rows: Tensor, geometry: HeadGeometry) -> None:
-        explained[k] = geometry  # one chunk: the explained rows are few
-
-    def keep_values(call: AttentionCall) -> None:
-        values[index_of[id(call.module)]] = call.value
-
-    index_of = {id(layer.attention): k for k, layer in enumerate(layers)}
-    hooks = [layer.output_projection.register_forward_hook(
-        lambda module, args, output, k=k: projected.__setitem__(k, output)) for k, layer in enumerate(layers)]
-    embedding_hook = _requiring_grad(model, model_inputs)
-    try:
-        with capture_attention(model, [layer.attention for layer in layers], keep_values):
-            explained_rows = Positions.shared(wanted, allow_padding=True)  # each example reads its own among them
-            output = scan_geometry(model, layers, model_inputs, positional, explained_rows, keep_geometry,
-                                   chunk_size=len(wanted), verify=verify, grad=True)
-        logits = getattr(output, "logits", None)
-        if not isinstance(logits, Tensor):
-            raise UnsupportedSetupError(f"{type(model).__name__} returns no logits, so a target has nothing to be "
-                                        "read from: use a model with a language-modelling or classification head "
-                                        "(e.g. AutoModelForCausalLM), or leave target out.")
-        with torch.enable_grad():
-            objective = _target_objective(logits, positions, targets)
-        differentiated = [projected[k] for k in range(len(layers))]
-        if rows == "all":
-            differentiated += [values[k] for k in range(len(layers))]
-        gradients = torch.autograd.grad(objective.sum(), differentiated, allow_unused=True)
-    finally:
-        for hook in hooks:
-            hook.remove()
-        if embedding_hook is not None:
-            embedding_hook.remove()
+    found = _differentiated_pass(model, layers, model_inputs, positional, wanted, positions, targets, rows=rows,
+                                 verify=verify)
+    explained, projected, values, gradients = found.explained, found.projected, found.values, found.gradients
     batch = torch.arange(len(positions), device=device)[:, None]  # [batch, 1]
     per_layer, per_target, totals, attention = [], [], [], []
     for k, layer in enumerate(layers):
@@ -202,7 +225,7 @@ def target_scores(
             per_layer.append((values[k].detach().float() * value_gradient).sum((1, 3)))  # [batch, key]
             totals.append((attention_output * gradient).sum((1, 2)))
     return TargetScores(torch.stack(per_layer, 1), torch.stack(per_target, 2) if per_target else None,
-                        torch.stack(totals, 1), objective.detach(), torch.stack(attention, 1), output)
+                        torch.stack(totals, 1), found.objective.detach(), torch.stack(attention, 1), found.output)
 
 
 def _zero_if_unused(gradient: Tensor | None, like: Tensor) -> Tensor:

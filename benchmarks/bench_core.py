@@ -102,7 +102,7 @@ def memory_child(mode: str, n: int) -> None:
         print(peak_extra_memory(function))
 
 
-def arithmetic_floor(config, n: int, recompute_alpha: bool) -> float:
+def arithmetic_floor(config, n: int, *, recompute_alpha: bool) -> float:
     """CW over all rows / a forward, in multiply-adds: the forward (every layer's projections, MLP and full n x n
     attention, and the logits of every position) against the products CW adds per layer (the layer output
     o = m W_O and its pull-back through each W_O[h], and the (n x d_head) x (d_head x n) dots per head; on a model
@@ -184,8 +184,8 @@ def forward_ratio_lines(model, lengths: list[int], repeats: int, generator: torc
                          f"{ratio_cell(runs['cw'], runs['eager'])} | {ratio_cell(runs['cw'], runs['sdpa'])} | "
                          f"{times['unchecked']:.3f} | {times['cw'] / times['unchecked'] - 1:+.1%} | "
                          f"{times['cw_eager']:.3f} | {ratio_cell(runs['cw_eager'], runs['eager'])} | "
-                         f"{arithmetic_floor(model.config, n, False):.2f}x / "
-                         f"{arithmetic_floor(model.config, n, True):.2f}x |")
+                         f"{arithmetic_floor(model.config, n, recompute_alpha=False):.2f}x / "
+                         f"{arithmetic_floor(model.config, n, recompute_alpha=True):.2f}x |")
             print(lines[-1], flush=True)
     return lines
 

@@ -124,6 +124,7 @@ class MetricAttribution(Attribution):
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
         chunk_size: int | None = None,
+        *,
         verify: bool = True,
         **captum_arguments: Any,
     ) -> None:
@@ -186,14 +187,14 @@ class MetricAttribution(Attribution):
     @overload
     def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
                   additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = ...,
-                  query_positions: Sequence[int] | Tensor | None = ..., per_head: bool = ...,
+                  query_positions: Sequence[int] | Tensor | None = ..., *, per_head: bool = ...,
                   return_convergence_delta: Literal[False] = ..., **captum_arguments: Any
                   ) -> Tensor | tuple[Tensor]: ...
 
     @overload
     def attribute(self, inputs: Tensor | Mapping[str, Any] | tuple[Tensor], attention_mask: Tensor | None = ...,
                   additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = ...,
-                  query_positions: Sequence[int] | Tensor | None = ..., per_head: bool = ..., *,
+                  query_positions: Sequence[int] | Tensor | None = ..., *, per_head: bool = ...,
                   return_convergence_delta: Literal[True], **captum_arguments: Any
                   ) -> tuple[Tensor | tuple[Tensor], Tensor]: ...
 
@@ -204,6 +205,7 @@ class MetricAttribution(Attribution):
         attention_mask: Tensor | None = None,
         additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
         query_positions: Sequence[int] | Tensor | None = None,
+        *,
         per_head: bool = False,
         return_convergence_delta: bool = False,
         **captum_arguments: Any,
@@ -281,7 +283,7 @@ class MetricAttribution(Attribution):
             )
         is_tuple, main = untuple(inputs)
         scores, delta, _ = self.attribute_with_output(
-            main, attention_mask, additional_forward_args, query_positions, per_head
+            main, attention_mask, additional_forward_args, query_positions, per_head=per_head
         )
         returned = (scores,) if is_tuple else scores
         return (returned, delta) if return_convergence_delta else returned
@@ -328,6 +330,7 @@ class MetricAttribution(Attribution):
         attention_mask: Tensor | None = None,
         additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
         query_positions: Sequence[int] | Tensor | None = None,
+        *,
         per_head: bool = False,
     ) -> tuple[Tensor, Tensor, Any]:
         r"""
@@ -354,10 +357,11 @@ class _FixedMetricAttribution(MetricAttribution):
         layers: int | Sequence[int] | None = None,
         heads: int | Sequence[int] | None = None,
         chunk_size: int | None = None,
+        *,
         verify: bool = True,
         **captum_arguments: Any,
     ) -> None:
-        super().__init__(model, self.metric_name, layers, heads, chunk_size, verify, **captum_arguments)
+        super().__init__(model, self.metric_name, layers, heads, chunk_size, verify=verify, **captum_arguments)
 
 
 class ContributionWeights(MetricAttribution):
@@ -406,8 +410,8 @@ class ContributionWeights(MetricAttribution):
         heads: int | Sequence[int] | None = None,
         metric: str | None = None,
         chunk_size: int | None = None,
-        verify: bool = True,
         *,
+        verify: bool = True,
         variant: str | None = None,
         **captum_arguments: Any,
     ) -> None:
@@ -418,7 +422,7 @@ class ContributionWeights(MetricAttribution):
             raise InputError(f"ContributionWeights computes contribution weights: metric must be one of "
                              f"{', '.join(contribution_weights)} (or an alias), got {chosen.name!r}; "
                              f"attributor_for({chosen.name!r}, model) gives its attributor.")
-        super().__init__(model, chosen.name, layers, heads, chunk_size, verify, **captum_arguments)
+        super().__init__(model, chosen.name, layers, heads, chunk_size, verify=verify, **captum_arguments)
         self.projected_on: Literal["layer", "head"] = chosen.projected_on  # what the factors divide by
 
     def attribute_factors(
@@ -495,17 +499,18 @@ def attributor_for(
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
     chunk_size: int | None = None,
+    *,
     verify: bool = True,
 ) -> MetricAttribution:
     r"""The attributor of a registered metric by name or alias: its named class where it has one
     (:class:`ContributionWeights` for the contribution weights)."""
     name = get_metric(metric).name
     if get_metric(name).projected_on is not None:
-        return ContributionWeights(model, layers, heads, name, chunk_size, verify)
+        return ContributionWeights(model, layers, heads, name, chunk_size, verify=verify)
     named = {cls.metric_name: cls for cls in _FixedMetricAttribution.__subclasses__()}
     if name in named:
-        return named[name](model, layers, heads, chunk_size, verify)
-    return MetricAttribution(model, name, layers, heads, chunk_size, verify)
+        return named[name](model, layers, heads, chunk_size, verify=verify)
+    return MetricAttribution(model, name, layers, heads, chunk_size, verify=verify)
 
 
 def attribute_metrics(
@@ -517,6 +522,7 @@ def attribute_metrics(
     attention_mask: Tensor | None = None,
     additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
     query_positions: Sequence[int] | Tensor | None = None,
+    *,
     per_head: bool = False,
     chunk_size: int | None = None,
     verify: bool = True,
@@ -548,7 +554,7 @@ def attribute_metrics(
     chosen = [get_metric(name) for name in (metric_names() if metrics is None else metrics)]
     if not chosen or len({metric.name for metric in chosen}) != len(chosen):
         raise InputError(f"metrics must name at least one metric, each once; got {[m.name for m in chosen]!r}.")
-    attributor = MetricAttribution(model, chosen[0].name, layers, heads, chunk_size, verify)
+    attributor = MetricAttribution(model, chosen[0].name, layers, heads, chunk_size, verify=verify)
     found = attributor.score(inputs, attention_mask, additional_forward_args, query_positions, chosen,
                              per_head=per_head)
     return MetricScores(found.scores, found.deltas(), found.output)

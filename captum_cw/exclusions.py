@@ -25,7 +25,7 @@ model's BOS, EOS or padding id), ``"sinks"`` (the special tokens and every token
 SINK_THRESHOLD = 0.3  # as captum_cw.sinks detects sinks (Gu et al., 2024)
 
 
-def check_exclusion(exclude: Exclusion, named_only: bool = False) -> None:
+def check_exclusion(exclude: Exclusion, *, named_only: bool = False) -> None:
     r"""
     Refuses an unknown named exclusion (an :class:`~captum_cw.errors.InputError` listing :data:`EXCLUSIONS`);
     with ``named_only``, anything but a name or None too (positions and masks are checked by

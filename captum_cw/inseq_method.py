@@ -91,6 +91,7 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
             self,
             inputs: TensorOrTupleOfTensorsGeneric,
             additional_forward_args: TensorOrTupleOfTensorsGeneric,
+            *,
             per_head: bool = False,
         ) -> MultiDimensionalFeatureAttributionStepOutput:
             r"""
@@ -127,8 +128,8 @@ class ContributionWeightsAttribution(InternalsAttributionRegistry):
         heads: int | Sequence[int] | None = None,
         metric: str | None = None,
         chunk_size: int | None = None,
-        verify: bool = True,
         *,
+        verify: bool = True,
         variant: str | None = None,
         **kwargs: Any,
     ) -> None:

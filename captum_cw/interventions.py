@@ -28,6 +28,7 @@ __all__ = ["mask_values", "knockout_tokens", "scale_values"]
 def mask_values(
     model: nn.Module,
     removals: Mapping[int, Tensor],
+    *,
     renormalize: bool = False,
 ) -> Iterator[None]:
     r"""
@@ -56,7 +57,7 @@ def mask_values(
         >>> with mask_values(model, {5: removal}):
         ...     logits = model(ids).logits
     """
-    with _removed_shares(model, removals, renormalize):
+    with _removed_shares(model, removals, renormalize=renormalize):
         yield
 
 
@@ -64,6 +65,7 @@ def mask_values(
 def scale_values(
     model: nn.Module,
     scales: Mapping[int, Tensor],
+    *,
     renormalize: bool = False,
 ) -> Iterator[None]:
     r"""
@@ -79,12 +81,12 @@ def scale_values(
         renormalize (bool, optional): rescale the kept weights ``scale * alpha`` of each row to sum to 1.
                     Default: False
     """
-    with _removed_shares(model, {layer: 1 - scale for layer, scale in scales.items()}, renormalize):
+    with _removed_shares(model, {layer: 1 - scale for layer, scale in scales.items()}, renormalize=renormalize):
         yield
 
 
 @contextmanager
-def _removed_shares(model: nn.Module, removals: Mapping[int, Tensor], renormalize: bool) -> Iterator[None]:
+def _removed_shares(model: nn.Module, removals: Mapping[int, Tensor], *, renormalize: bool) -> Iterator[None]:
     r"""The share of each key's term removed, bool (all or nothing) or float in [0, 1], per layer (mask_values)."""
     layers = find_attention_layers(model)
     indices = select_indices(list(removals), len(layers), "layer")  # in range, each layer once (-1 and n - 1 alike)
@@ -147,7 +149,7 @@ def _recomputes_exactly(call: AttentionCall, alpha: Tensor) -> bool:
 
 
 @contextmanager
-def knockout_tokens(model: nn.Module, tokens: Tensor, renormalize: bool = False) -> Iterator[None]:
+def knockout_tokens(model: nn.Module, tokens: Tensor, *, renormalize: bool = False) -> Iterator[None]:
     r"""
     Removes input tokens from the context at every layer and head: no query row
     (other than the token's own) reads their values.

@@ -137,7 +137,7 @@ def _template_spans(inp: TextTemplateInput) -> tuple[str, list[list[tuple[int, i
     return text, spans
 
 
-def _one_target_per_prompt(prompts: list[Prompt], target: Target | Sequence[Target], single: bool) -> list[Target]:
+def _one_target_per_prompt(prompts: list[Prompt], target: Target | Sequence[Target], *, single: bool) -> list[Target]:
     r"""The target of each prompt: the one target of a single prompt, None for every prompt, or one per prompt."""
     if single or target is None:  # one prompt's target, or none for every prompt (checked by _target_ids)
         return [cast(Target, target)] * (len(prompts) if target is None else 1)
@@ -254,9 +254,9 @@ class LLMContributionAttribution:
         skip_tokens: Sequence[int] | Sequence[str] | None = None,
         num_trials: int = 1,
         gen_args: Mapping[str, Any] | None = None,
+        *,
         merge_subwords: bool = False,
         batch_size: int = 16,
-        *,
         exclude: str | None = None,
         **captum_arguments: Any,
     ) -> LLMAttributionResult | list[LLMAttributionResult]:
@@ -345,21 +345,21 @@ class LLMContributionAttribution:
         if not prompts:
             raise InputError("inp must be a string, a TextTokenInput, a TextTemplateInput or a non-empty list of them, "
                              f"got {inp!r}.")
-        targets = _one_target_per_prompt(prompts, target, single)
+        targets = _one_target_per_prompt(prompts, target, single=single)
         _check_counts(num_trials, batch_size)
         if gen_args and all(t is not None for t in targets):
             raise InputError("gen_args is only used to generate a missing target (target=None); every prompt has "
                              "a target here, so leave gen_args out.")
         check_exclusion(exclude, named_only=True)
         skip_ids = self._skip_ids(skip_tokens)
-        prepared = [self._prepare_prompt(prompt, skip_ids, bool(merge_subwords)) for prompt in prompts]
+        prepared = [self._prepare_prompt(prompt, skip_ids, merge=bool(merge_subwords)) for prompt in prompts]
         target_ids = [self._target_ids(p.ids, t, gen_args) for p, t in zip(prepared, targets)]
         results: list[LLMAttributionResult | None] = [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prepared[i].ids) + len(target_ids[i]))
         for begin in range(0, len(order), batch_size):
             chunk = order[begin:begin + batch_size]
             batch = self._attribute_batch([prepared[i] for i in chunk], [target_ids[i] for i in chunk],
-                                          bool(merge_subwords), exclude)
+                                          merge=bool(merge_subwords), exclude=exclude)
             for i, result in zip(chunk, batch):
                 results[i] = result
         return results[0] if single else results
@@ -385,7 +385,7 @@ class LLMContributionAttribution:
                 raise InputError(f"skip_tokens must hold token ids (int) or token strings, got {token!r}.")
         return ids
 
-    def _prepare_prompt(self, inp: Prompt, skip_ids: set[int], merge: bool) -> _Prompt:
+    def _prepare_prompt(self, inp: Prompt, skip_ids: set[int], *, merge: bool) -> _Prompt:
         r"""The prompt's ids and which tokens each interpretable feature sums."""
         if isinstance(inp, TextTemplateInput):
             if merge or skip_ids:
@@ -480,7 +480,7 @@ class LLMContributionAttribution:
             raise InputError("target is empty; pass at least one target token.")
         return target_ids
 
-    def _attribute_batch(self, prompts: list[_Prompt], targets: list[Tensor], merge: bool,
+    def _attribute_batch(self, prompts: list[_Prompt], targets: list[Tensor], *, merge: bool,
                          exclude: str | None) -> list[LLMAttributionResult]:
         r"""One forward pass for a batch: left padded, each example's rows picked from the union of rows."""
         lengths = [len(p.ids) + len(t) for p, t in zip(prompts, targets)]

@@ -312,6 +312,7 @@ def load_model(
     dtype: torch.dtype | None = None,
     attn_implementation: str | None = None,
     device_map: str | dict | None = None,
+    *,
     causal: bool | None = None,
 ) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     r"""

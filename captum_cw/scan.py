@@ -257,6 +257,7 @@ def scan_geometry(
     positions: Positions | None,
     on_chunk: Callable[[int, Tensor, HeadGeometry], None],
     chunk_size: int | None = None,
+    *,
     verify: bool = True,
     grad: bool = False,
 ) -> Any:

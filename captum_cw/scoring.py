@@ -177,7 +177,7 @@ def _scan(model: nn.Module, scope: Scope, call: PreparedCall, on_chunk: Any) -> 
         on_chunk(k, rows, geometry)
 
     output = scan_geometry(model, scope.layers, call.inputs, call.positional, call.positions, record,
-                           scope.chunk_size, scope.verify)
+                           scope.chunk_size, verify=scope.verify)
     if len(seen) != len(scope.layers):
         missing = [scope.layer_indices[k] for k in range(len(scope.layers)) if k not in seen]
         raise UnsupportedArchitectureError(

@@ -110,7 +110,7 @@ class PairedComparison(TypedDict):
     mean_difference: float  # mean of first - second, oriented so that > 0 favours the first
 
 
-def paired_comparison(first: Sequence[float], second: Sequence[float], higher_is_better: bool = True
+def paired_comparison(first: Sequence[float], second: Sequence[float], *, higher_is_better: bool = True
                       ) -> PairedComparison:
     r"""
     Pairs ``first[i]`` with ``second[i]`` (two methods on the same example): the share of pairs the first wins

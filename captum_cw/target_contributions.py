@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -100,48 +100,23 @@ def _requiring_grad(model: nn.Module, model_inputs: ModelInputs) -> Any:
     return embeddings.register_forward_hook(require_grad)
 
 
-def target_scores(
-    model: nn.Module,
-    layers: Sequence[AttentionLayer],
-    heads: Sequence[int] | None,
-    model_inputs: ModelInputs,
-    positional: tuple[Any, ...],
-    positions: Tensor,
-    targets: Tensor,
-    rows: str = "explained",
-    verify: bool = True,
-) -> TargetScores:
-    r"""
-    Each token's first-order part of the target's log-probability through each selected layer's attention
-    output, from one forward pass with the autograd graph and one backward pass.
+class _DifferentiatedPass(NamedTuple):
+    r"""What :func:`_differentiated_pass` keeps of its forward and backward pass, layers keyed by their index in
+    ``layers``."""
 
-    Args:
-        model (nn.Module): the model (its parameters need not require grad).
-        layers (Sequence[AttentionLayer]): the layers to score.
-        heads (Sequence[int], optional): the heads summed (``rows="explained"`` only); None for all.
-        model_inputs (ModelInputs), positional (tuple): the prepared model call.
-        positions (Tensor): ``(batch,)`` or ``(batch, n_targets)`` long, where each target is read (the explained
-                    rows).
-        targets (Tensor): shaped like ``positions``, each target token or class; several targets of an example
-                    (a response) are explained together, as the sum of their log-probabilities.
-        rows (str, optional): ``"explained"`` (the explained row) or ``"all"`` (every row). Default: ``"explained"``
-        verify (bool, optional): run the self-check. Default: True
-    Returns:
-        :class:`TargetScores`.
-    """
-    if rows not in TARGET_ROWS:
-        raise InputError(f"rows must be one of {', '.join(TARGET_ROWS)}, got {rows!r}.")
-    if rows == "all" and heads is not None:
-        raise UnsupportedSetupError("rows='all' reads the gradient of the value vectors, which grouped heads share; "
-                                    "it sums every head: pass heads=None, or rows='explained' for a head subset.")
-    device = model_inputs.main.device
-    positions, targets = positions.to(device).reshape(len(positions), -1), targets.to(device).reshape(
-        len(targets), -1)  # [batch, t]
-    if positions.shape != targets.shape:
-        raise InputError(f"{targets.shape[1]} targets per example for {positions.shape[1]} positions; pass one "
-                         "position per target.")
-    wanted = positions.unique()  # the explained rows of the batch, sorted
-    slot = torch.searchsorted(wanted, positions)  # [batch, t] each target's row among them
+    explained: dict[int, HeadGeometry]  # the explained rows' geometry
+    projected: dict[int, Tensor]  # the output projection's output [batch, n, d_model]
+    values: dict[int, Tensor]  # the value vectors the kernel read [batch, kv_head, n, d_head]
+    gradients: tuple[Tensor | None, ...]  # of the objective: each projected output, then (rows="all") each values
+    objective: Tensor  # [batch, n_targets] each target's log-probability
+    output: Any  # the model's output
+
+
+def _differentiated_pass(model: nn.Module, layers: Sequence[AttentionLayer], model_inputs: ModelInputs,
+                         positional: tuple[Any, ...], wanted: Tensor, positions: Tensor, targets: Tensor, *,
+                         rows: str, verify: bool) -> _DifferentiatedPass:
+    r"""One forward pass with the autograd graph, keeping the geometry of the ``wanted`` rows and each layer's
+    attention output (and value vectors), and one backward pass of the targets' objective to them."""
     explained: dict[int, HeadGeometry] = {}
     projected: dict[int, Tensor] = {}  # layer -> its output projection's output [batch, n, d_model]
     values: dict[int, Tensor] = {}  # layer -> the value vectors the kernel read [batch, kv_head, n, d_head]
@@ -177,6 +152,55 @@ def target_scores(
             hook.remove()
         if embedding_hook is not None:
             embedding_hook.remove()
+    return _DifferentiatedPass(explained, projected, values, gradients, objective, output)
+
+
+def target_scores(
+    model: nn.Module,
+    layers: Sequence[AttentionLayer],
+    heads: Sequence[int] | None,
+    model_inputs: ModelInputs,
+    positional: tuple[Any, ...],
+    positions: Tensor,
+    targets: Tensor,
+    rows: str = "explained",
+    *,
+    verify: bool = True,
+) -> TargetScores:
+    r"""
+    Each token's first-order part of the target's log-probability through each selected layer's attention
+    output, from one forward pass with the autograd graph and one backward pass.
+
+    Args:
+        model (nn.Module): the model (its parameters need not require grad).
+        layers (Sequence[AttentionLayer]): the layers to score.
+        heads (Sequence[int], optional): the heads summed (``rows="explained"`` only); None for all.
+        model_inputs (ModelInputs), positional (tuple): the prepared model call.
+        positions (Tensor): ``(batch,)`` or ``(batch, n_targets)`` long, where each target is read (the explained
+                    rows).
+        targets (Tensor): shaped like ``positions``, each target token or class; several targets of an example
+                    (a response) are explained together, as the sum of their log-probabilities.
+        rows (str, optional): ``"explained"`` (the explained row) or ``"all"`` (every row). Default: ``"explained"``
+        verify (bool, optional): run the self-check. Default: True
+    Returns:
+        :class:`TargetScores`.
+    """
+    if rows not in TARGET_ROWS:
+        raise InputError(f"rows must be one of {', '.join(TARGET_ROWS)}, got {rows!r}.")
+    if rows == "all" and heads is not None:
+        raise UnsupportedSetupError("rows='all' reads the gradient of the value vectors, which grouped heads share; "
+                                    "it sums every head: pass heads=None, or rows='explained' for a head subset.")
+    device = model_inputs.main.device
+    positions, targets = positions.to(device).reshape(len(positions), -1), targets.to(device).reshape(
+        len(targets), -1)  # [batch, t]
+    if positions.shape != targets.shape:
+        raise InputError(f"{targets.shape[1]} targets per example for {positions.shape[1]} positions; pass one "
+                         "position per target.")
+    wanted = positions.unique()  # the explained rows of the batch, sorted
+    slot = torch.searchsorted(wanted, positions)  # [batch, t] each target's row among them
+    found = _differentiated_pass(model, layers, model_inputs, positional, wanted, positions, targets, rows=rows,
+                                 verify=verify)
+    explained, projected, values, gradients = found.explained, found.projected, found.values, found.gradients
     batch = torch.arange(len(positions), device=device)[:, None]  # [batch, 1]
     per_layer, per_target, totals, attention = [], [], [], []
     for k, layer in enumerate(layers):
@@ -201,7 +225,7 @@ def target_scores(
             per_layer.append((values[k].detach().float() * value_gradient).sum((1, 3)))  # [batch, key]
             totals.append((attention_output * gradient).sum((1, 2)))
     return TargetScores(torch.stack(per_layer, 1), torch.stack(per_target, 2) if per_target else None,
-                        torch.stack(totals, 1), objective.detach(), torch.stack(attention, 1), output)
+                        torch.stack(totals, 1), found.objective.detach(), torch.stack(attention, 1), found.output)
 
 
 def _zero_if_unused(gradient: Tensor | None, like: Tensor) -> Tensor:

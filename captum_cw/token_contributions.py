@@ -31,7 +31,7 @@ def _is_causal(attributor: Any) -> bool:
     return bool(getattr(attributor.attention_layers[0].attention, "is_causal", True))
 
 
-def _example_positions(position: Position, padding: Tensor | None, batch: int, n: int, causal: bool) -> Tensor:
+def _example_positions(position: Position, padding: Tensor | None, batch: int, n: int, *, causal: bool) -> Tensor:
     r"""
     One query position per example, ``(batch,)`` long, as indices into the padded rows
     (:class:`~captum_cw.positions.Positions`). None: the last real token for causal models, the first one
@@ -113,6 +113,7 @@ class TokenContributions(Attribution):
         layer_aggregation: str = "mean",
         position: Position = None,
         chunk_size: int | None = None,
+        *,
         verify: bool = True,
         target_rows: str = "explained",
         exclude: Exclusion = None,
@@ -128,7 +129,7 @@ class TokenContributions(Attribution):
         check_exclusion(exclude)
         super().__init__(model)
         self.model = model
-        self.attributor = attributor_for(metric, model, layers, heads, chunk_size, verify)
+        self.attributor = attributor_for(metric, model, layers, heads, chunk_size, verify=verify)
         self.metric = self.attributor.metric.name  # the name, also when an alias was given
         self.layer_aggregation = layer_aggregation
         self.position = position
@@ -200,7 +201,7 @@ class TokenContributions(Attribution):
         scores = score(call, position, target, exclude)
         return (scores,) if is_tuple else scores
 
-    def _layer_scores(self, call: PreparedCall, positions: Positions, with_attention: bool
+    def _layer_scores(self, call: PreparedCall, positions: Positions, *, with_attention: bool
                       ) -> tuple[Tensor, Tensor | None]:
         r"""Token-level scores of the selected layers in forward order at ``positions``, ``(batch, layers, k, n)``,
         and with ``with_attention`` the attention of the same rows (mean over heads, same shape) from the same
@@ -227,7 +228,7 @@ class TokenContributions(Attribution):
         layers = [attributor.attention_layers[index] for index in attributor.layers]
         heads = None if attributor.heads == list(range(attributor.n_heads)) else attributor.heads
         found = target_scores(self.model, layers, heads, model_inputs, positional, positions, targets,
-                              self.target_rows, attributor.verify)
+                              self.target_rows, verify=attributor.verify)
         per_layer = in_forward_order(found.scores, attributor.layers)  # [batch, layer, n]
         scores = per_layer[:, -1] if self.layer_aggregation == "last" else per_layer.mean(1)
         return scores, in_forward_order(found.attention, attributor.layers)
@@ -236,19 +237,20 @@ class TokenContributions(Attribution):
         model_inputs = call.inputs
         batch, n = model_inputs.main.shape
         padding = model_inputs.padding_mask
-        positions = _example_positions(position, padding, batch, n, _is_causal(self.attributor))
+        positions = _example_positions(position, padding, batch, n, causal=_is_causal(self.attributor))
         attention = None  # [batch, layer, n] the explained rows' attention, for exclude="sinks"
         if target is not None:
             result, attention = self._target_scores(model_inputs, call.positional,
                                                     positions.to(model_inputs.main.device), target)
         elif self.layer_aggregation == "rollout":  # every row of every layer
-            scores, attended = self._layer_scores(call, Positions(None), exclude == "sinks")
+            scores, attended = self._layer_scores(call, Positions(None), with_attention=exclude == "sinks")
             result = self._aggregate(scores, positions.to(scores.device))
             if attended is not None:
                 index = positions.to(scores.device)[:, None, None, None].expand(-1, attended.shape[1], 1, n)
                 attention = attended.gather(2, index)[:, :, 0]
         else:  # only each example's own row
-            scores, attended = self._layer_scores(call, Positions.one_per_example(positions), exclude == "sinks")
+            scores, attended = self._layer_scores(call, Positions.one_per_example(positions),
+                                                 with_attention=exclude == "sinks")
             result = self._aggregate(scores, torch.zeros(batch, dtype=torch.long, device=scores.device))
             if attended is not None:
                 attention = attended[:, :, 0]
@@ -276,7 +278,7 @@ class TokenContributions(Attribution):
             rows = torch.full((batch,), row, dtype=torch.long, device=model_inputs.main.device)
             tokens, _ = self._target_scores(model_inputs, call.positional, rows, target)  # [batch, n]
         else:
-            scores, _ = self._layer_scores(call, Positions.shared([row]), False)
+            scores, _ = self._layer_scores(call, Positions.shared([row]), with_attention=False)
             tokens = self._aggregate(scores, torch.zeros(batch, dtype=torch.long, device=scores.device))  # [batch, n]
         if tokens.shape[1] != 1 + grid[0] * grid[1]:
             raise InputError(f"{tokens.shape[1]} tokens do not make one class token and a {grid[0]}x{grid[1]} patch "

@@ -10,7 +10,7 @@ from captum_cw.capture import AttentionCall
 BATCH, HEADS, KV_HEADS, N, D = 2, 4, 2, 5, 3
 
 
-def _call(mask, implementation="eager", is_causal=True) -> AttentionCall:
+def _call(mask, implementation="eager", *, is_causal=True) -> AttentionCall:
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(BATCH, HEADS, N, D, generator=generator)
     key = torch.randn(BATCH, KV_HEADS, N, D, generator=generator)

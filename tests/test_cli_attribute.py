@@ -81,7 +81,7 @@ def test_rollout_of_the_last_position(capsys, tiny_llm_dir, tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--target", " Paris", "--position", "1"], "give --position or --target, not both"),
-    (["--position", "9"], "position 9 is outside the text's 5 tokens"),
+    (["--position", "9"], "position [9] out of range for a sequence of 5 tokens"),
     (["--layers", "2"], "layer 2 is out of range: the model has 2 layers (0..1)"),
     (["--heads", "0", "0"], "names a head twice"),
     (["--target", ""], "the target has no tokens"),

@@ -65,7 +65,7 @@ class _CharacterTokenizer:
 
     all_special_ids = [1]
 
-    def __call__(self, text, add_special_tokens=True, **_):
+    def __call__(self, text, add_special_tokens=True, **_):  # noqa: FBT002 (a tokenizer's __call__)
         return {"input_ids": [1] * add_special_tokens + [ord(c) for c in text]}
 
 
@@ -139,9 +139,9 @@ def test_special_tokens_are_never_removed(tiny, monkeypatch):
     seen = []
     original = protocols.mask_values
 
-    def recording(model, removals, renormalize=False):
+    def recording(model, removals, *, renormalize=False):
         seen.extend(removals.values())
-        return original(model, removals, renormalize)
+        return original(model, removals, renormalize=renormalize)
 
     monkeypatch.setattr(protocols, "mask_values", recording)
     evaluate_example(model, encoded, ProtocolConfig(metrics=("attention", "random"), bins=(50,)))

@@ -21,10 +21,10 @@ class _Tokenizer:
 
     all_special_ids = [1]
 
-    def __init__(self, bos: bool):
+    def __init__(self, *, bos: bool):
         self.bos = bos
 
-    def __call__(self, text, add_special_tokens=True, **_):
+    def __call__(self, text, add_special_tokens=True, **_):  # noqa: FBT002 (a tokenizer's __call__)
         return {"input_ids": [1] * (self.bos and add_special_tokens) + [2 + ord(c) % 60 for c in text]}
 
 
@@ -39,9 +39,9 @@ def _removed_keys(model, encoded, config, monkeypatch) -> torch.Tensor:
     seen = []
     original = protocols.mask_values
 
-    def recording(model, removals, renormalize=False):
+    def recording(model, removals, *, renormalize=False):
         seen.extend(mask[..., : len(encoded.sequences[0])] for mask in removals.values())
-        return original(model, removals, renormalize)
+        return original(model, removals, renormalize=renormalize)
 
     monkeypatch.setattr(protocols, "mask_values", recording)
     evaluate_example(model, encoded, config)
@@ -55,7 +55,7 @@ def _removed_keys(model, encoded, config, monkeypatch) -> torch.Tensor:
 @pytest.mark.parametrize("protocol", ["layer", "input"])
 def test_protect_never_removes_position_0_and_rank_does(model, bos, protocol, monkeypatch):
     example = Example("q", ("the sky is blue. is it?",) * 2, (" n", " y"), label=1)
-    encoded = encode(example, _Tokenizer(bos))
+    encoded = encode(example, _Tokenizer(bos=bos))
     assert encoded.special[0][0].item() is bos
     metrics = ("random", "attention_last" if protocol == "input" else "attention")
     # 100% comprehensiveness removes every eligible key: exactly the eligible set shows
@@ -89,7 +89,7 @@ def test_stored_runs_without_the_setting_resume_under_the_old_rule(tiny_llm_dir,
     # a run asking for another rule on that folder is refused
     tiny = load_model(str(tiny_llm_dir))
 
-    def run(limit, first_token="special", resume=False):
+    def run(limit, first_token="special", *, resume=False):
         protocol = ProtocolConfig(metrics=("random",), bins=(50,), first_token=first_token)
         config = EvaluationConfig(task="gsm8k", limit=limit, data_dir=str(TEST_DATA), max_tokens=16, protocol=protocol)
         return evaluate(config, tmp_path, resume=resume, model=tiny[0], tokenizer=tiny[1], progress=False)

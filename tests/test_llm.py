@@ -37,7 +37,7 @@ def tiny_gpt2(tiny):
     return transformers.GPT2LMHeadModel(config).eval(), tokenizer
 
 
-def _ids(tokenizer, text, special=True):
+def _ids(tokenizer, text, *, special=True):
     return tokenizer(text, add_special_tokens=special, return_tensors="pt")["input_ids"][0]
 
 
@@ -154,7 +154,7 @@ def test_tokens_are_decoded_as_captum_decodes_them(tiny):
     explainer = LLMContributionAttribution(model, tokenizer)
     result = explainer.attribute("The capital of France is", " Paris.")
     assert result.output_tokens == ["Paris", "."]  # not 'ĠParis'
-    assert result.output_tokens == _convert_ids_to_pretty_tokens(_ids(tokenizer, " Paris.", False), tokenizer)
+    assert result.output_tokens == _convert_ids_to_pretty_tokens(_ids(tokenizer, " Paris.", special=False), tokenizer)
     assert result.input_tokens == ["The", "capital", "of", "France", "is"]
     text = TextTokenInput("The capital of France is", tokenizer)
     assert explainer.attribute(text, " Paris.").input_tokens == text.values  # captum returns inp.values
@@ -207,7 +207,7 @@ def test_merge_subwords_sums_the_tokens_of_each_word(tiny):
     explainer = LLMContributionAttribution(model, tokenizer)
     prompt, target = "The antidisestablishmentarianism of Francophones is", " unbelievably photogenic."
     prompt_pieces = tokenizer.convert_ids_to_tokens(_ids(tokenizer, prompt).tolist())
-    target_pieces = tokenizer.convert_ids_to_tokens(_ids(tokenizer, target, False).tolist())
+    target_pieces = tokenizer.convert_ids_to_tokens(_ids(tokenizer, target, special=False).tolist())
     # the hand-made case: the words and the tokens they are made of
     assert prompt_pieces == ["The", "Ġant", "idis", "establish", "ment", "arianism", "Ġof", "ĠFranc", "ophones", "Ġis"]
     assert target_pieces == ["Ġunbelie", "v", "ably", "Ġphot", "ogenic", "."]
@@ -282,7 +282,7 @@ def test_smollm2_rows_are_the_predicting_positions(smollm2, aggregation):
     model, tokenizer = smollm2
     prompt, target = "The capital of France is", " Paris."
     result = LLMContributionAttribution(model, tokenizer, layer_aggregation=aggregation).attribute(prompt, target)
-    prompt_ids, target_ids = _ids(tokenizer, prompt), _ids(tokenizer, target, False)
+    prompt_ids, target_ids = _ids(tokenizer, prompt), _ids(tokenizer, target, special=False)
     ids = torch.cat([prompt_ids, target_ids])[None]
     n, m = len(prompt_ids), len(target_ids)
     full = ContributionWeights(model).attribute(ids)[0]  # [layer, query, key]

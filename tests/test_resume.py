@@ -39,7 +39,7 @@ def _config(data_dir, task="gsm8k", limit=2):
                             protocol=ProtocolConfig(metrics=("cw_inter", "random"), bins=(50,)))
 
 
-def _run(tiny, config, out, resume=False, model=None):
+def _run(tiny, config, out, *, resume=False, model=None):
     model_, tokenizer = tiny
     return evaluate(config, out, resume=resume, model=model or model_, tokenizer=tokenizer, progress=False)
 

@@ -11,7 +11,7 @@ from captum_cw.self_check import tolerance
 from tiny_models import FAMILIES, example_inputs
 
 
-def _scan(model, layers, ids, verify=True):
+def _scan(model, layers, ids, *, verify=True):
     return scan_geometry(model, layers, ModelInputs(ids, {}, None), (), None, lambda k, rows, g: None, verify=verify)
 
 

@@ -35,7 +35,7 @@ def test_clean_scores_equal_each_metrics_own_attributor(tiny, per_head):
     model, tokenizer = tiny
     ids = encode(load_examples("mmlu", 1, DATA)[0], tokenizer, max_tokens=40).sequences[0]
     names = list(metric_names())
-    scores, logits = clean_scores(model, ids, [1, 0], names, per_head, keep=1)
+    scores, logits = clean_scores(model, ids, [1, 0], names, per_head=per_head, keep=1)
     with torch.no_grad():
         torch.testing.assert_close(logits, model(ids[None]).logits[:, -1:], rtol=1e-5, atol=1e-5)
     reference = reference_metrics(FAMILIES["llama"], model, ids[None], None)  # float64 [1, layer, head, n, n]

@@ -21,7 +21,7 @@ def tiny(tiny_llm_dir):
     return load_model(str(tiny_llm_dir))
 
 
-def _run(tiny, data, out, resume=False):
+def _run(tiny, data, out, *, resume=False):
     model, tokenizer = tiny
     config = EvaluationConfig(task="fineweb_edu", limit=4, data_dir=str(data), max_tokens=16,
                               protocol=ProtocolConfig(metrics=("cw_inter", "random"), bins=(50,)))

@@ -66,7 +66,7 @@ def _min_max(values: list[float]) -> list[float]:
     return [1.0] * len(values) if high == low else [(x - low) / (high - low) for x in values]
 
 
-def _normalized_by_hand(scores: torch.Tensor, eligible: torch.Tensor, absolute: bool = False) -> torch.Tensor:
+def _normalized_by_hand(scores: torch.Tensor, eligible: torch.Tensor, *, absolute: bool = False) -> torch.Tensor:
     out = torch.zeros(scores.shape, dtype=torch.float64)
     flat_scores, flat_eligible, flat_out = scores.reshape(-1, scores.shape[-1]), eligible.expand_as(scores).reshape(
         -1, scores.shape[-1]), out.view(-1, scores.shape[-1])
@@ -92,8 +92,8 @@ def test_normalised_scores_and_soft_shares_on_hand_made_numbers():
     random = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0))
     allowed = torch.rand(3, 5, 7, generator=torch.Generator().manual_seed(1)) < 0.6
     for absolute in (False, True):
-        torch.testing.assert_close(normalized_scores(random, allowed, absolute).double(),
-                                   _normalized_by_hand(random, allowed, absolute), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(normalized_scores(random, allowed, absolute=absolute).double(),
+                                   _normalized_by_hand(random, allowed, absolute=absolute), rtol=1e-6, atol=1e-7)
 
 
 def _logliks(model, encoded, contexts):

@@ -153,7 +153,7 @@ def test_exclusions_are_the_first_token_and_the_keys_above_the_threshold_at_each
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"target": " Paris", "position": 1}, "give a position or a target, not both"),
-    ({"position": 5}, "position 5 is outside the text's 5 tokens"),
+    ({"position": 5}, r"position \[5\] out of range for a sequence of 5 tokens"),
     ({"target": ""}, "the target has no tokens"),
     ({"aggregation": "max"}, "aggregation must be one of last, mean, rollout"),
     ({"metrics": ("both",)}, "Unknown metric 'both'"),

@@ -103,7 +103,7 @@ def _citer_class() -> type:
                              partitioner=SourcesPartitioner(list(example.sources)))
             self.encoded = encoded
 
-        def _get_prompt_ids(self, mask: Any = None, return_prompt: bool = False) -> Any:
+        def _get_prompt_ids(self, mask: Any = None, return_prompt: bool = False) -> Any:  # noqa: FBT001, FBT002 (ContextCiter's)
             keep = np.ones(len(self.encoded.sources), dtype=bool) if mask is None else mask
             gone = {p for s, kept in enumerate(keep) if not kept for p in self.encoded.sources[s]}
             ids = [int(t) for p, t in enumerate(self.encoded.input_ids[0].tolist()) if p not in gone]

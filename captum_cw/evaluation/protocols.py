@@ -229,7 +229,8 @@ def _forward(model: nn.Module, ids: Tensor, keep: int) -> Tensor:
 
 
 def clean_scores(
-    model: nn.Module, ids: Tensor, layer_indices: Sequence[int], metrics: Sequence[str], per_head: bool, keep: int
+    model: nn.Module, ids: Tensor, layer_indices: Sequence[int], metrics: Sequence[str], *, per_head: bool,
+    keep: int
 ) -> tuple[dict[str, Tensor], Tensor]:
     r"""
     Every registered metric of one sequence from a single forward pass
@@ -340,9 +341,9 @@ def _variants(config: ProtocolConfig) -> list[_Variant]:
 
 def _removals(scores: Tensor, eligible: Tensor, config: ProtocolConfig) -> tuple[list[Tensor], list[Tensor], Tensor]:
     r"""One metric's removals for every bin and mode from a single ranking, its soft ones, and that ranking."""
-    ranks = key_ranks(scores, eligible, config.absolute)
+    ranks = key_ranks(scores, eligible, absolute=config.absolute)
     hard = [removal_from_ranks(ranks, eligible, b, mode) for mode in MODES for b in config.bins]
-    soft = [soft_removal(scores, eligible, mode, config.absolute) for mode in MODES] if config.soft else []
+    soft = [soft_removal(scores, eligible, mode, absolute=config.absolute) for mode in MODES] if config.soft else []
     return hard, soft, ranks
 
 
@@ -356,8 +357,8 @@ def _layer_level(model, encoded: EncodedExample, config: ProtocolConfig, n_layer
         with ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             recorded = stack.enter_context(record_layer_output(model, start - 1)) if start > 0 else {}
-            scores, logits = clean_scores(model, ids, layer_indices, config.metrics, per_head,
-                                          encoded.rows_needed(s))
+            scores, logits = clean_scores(model, ids, layer_indices, config.metrics, per_head=per_head,
+                                          keep=encoded.rows_needed(s))
         clean_reads.append(sequence_reads(encoded, s, logits))
         clean_below.append(recorded.get("output"))
         n = len(ids)
@@ -419,7 +420,7 @@ def _input_scores(model, encoded: EncodedExample, clean: dict, metrics: Sequence
     aggregated = [m for m in metrics if m not in ("ig", "random")]
     if aggregated:
         wanted = list(dict.fromkeys(_input_metric(m)[0] for m in aggregated))
-        matrices, _ = clean_scores(model, ids, range(n_layers), wanted, False, 1)
+        matrices, _ = clean_scores(model, ids, range(n_layers), wanted, per_head=False, keep=1)
         for metric in aggregated:
             family, aggregation = _input_metric(metric)
             token_level = matrices[family][:, 0]  # [layer, n, n]

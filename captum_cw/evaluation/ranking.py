@@ -31,7 +31,7 @@ def top_k_count(n_eligible: Tensor, percent: float) -> Tensor:
     return torch.ceil(n_eligible.double() * percent / 100 - 1e-9).long()
 
 
-def key_ranks(scores: Tensor, eligible: Tensor, absolute: bool = False) -> Tensor:
+def key_ranks(scores: Tensor, eligible: Tensor, *, absolute: bool = False) -> Tensor:
     r"""
     Each key's rank in its row, 0 for the most important: by score, highest first (by ``|score|`` with
     ``absolute``), ties broken by position (earlier key first); ineligible keys rank after every eligible one.
@@ -72,6 +72,7 @@ def removal_from_ranking(
     eligible: Tensor,
     percent: float,
     mode: str,
+    *,
     absolute: bool = False,
 ) -> Tensor:
     r"""
@@ -93,7 +94,7 @@ def removal_from_ranking(
     """
     if mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
-    return removal_from_ranks(key_ranks(scores, eligible, absolute), eligible, percent, mode)
+    return removal_from_ranks(key_ranks(scores, eligible, absolute=absolute), eligible, percent, mode)
 
 
 def ranked_positions(ranks: Tensor, eligible: Tensor) -> list:
@@ -106,7 +107,7 @@ def ranked_positions(ranks: Tensor, eligible: Tensor) -> list:
     return order.cpu().tolist()
 
 
-def normalized_scores(scores: Tensor, eligible: Tensor, absolute: bool = False) -> Tensor:
+def normalized_scores(scores: Tensor, eligible: Tensor, *, absolute: bool = False) -> Tensor:
     r"""
     Scores min-max normalised to ``[0, 1]`` over each row's eligible keys (``|score|`` with ``absolute``):
     the row's top key gets 1, its lowest 0; a row whose eligible scores are all equal gets 1 on each (as hard
@@ -125,7 +126,7 @@ def normalized_scores(scores: Tensor, eligible: Tensor, absolute: bool = False) 
     return torch.where(eligible, torch.where(flat, 1.0, normalized), 0.0)
 
 
-def soft_removal(scores: Tensor, eligible: Tensor, mode: str, absolute: bool = False) -> Tensor:
+def soft_removal(scores: Tensor, eligible: Tensor, mode: str, *, absolute: bool = False) -> Tensor:
     r"""
     The share of each term removed by soft comprehensiveness or sufficiency (Zhao & Aletras, 2023).
 
@@ -148,7 +149,7 @@ def soft_removal(scores: Tensor, eligible: Tensor, mode: str, absolute: bool = F
     """
     if mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
-    s = normalized_scores(scores, eligible, absolute)
+    s = normalized_scores(scores, eligible, absolute=absolute)
     return s if mode == "comprehensiveness" else torch.where(eligible.expand_as(s), 1 - s, 0.0)
 
 

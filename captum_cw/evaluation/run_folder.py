@@ -41,7 +41,7 @@ _WEIGHT_SAMPLES = 64  # evenly spaced values per parameter in the sampled hash (
 _HASH_CHUNK_BYTES = 2**26  # bytes of a weight moved to the CPU and hashed at once
 
 
-def read_records(out: Path, include_skipped: bool = False) -> list[Record | Skipped]:
+def read_records(out: Path, *, include_skipped: bool = False) -> list[Record | Skipped]:
     r"""
     The finished examples under ``out`` (every shard), in example order, in their JSON form; a torn last line is
     left out. Records of any version are read, their bin keys normalised
@@ -214,7 +214,7 @@ def _config_changes(before: dict, now: dict, defaults: dict, prefix: str = "") -
     return changes
 
 
-def _previous_run(out: Path, config: dict, resume: bool, defaults: dict) -> dict:
+def _previous_run(out: Path, config: dict, *, resume: bool, defaults: dict) -> dict:
     r"""
     Checks that this run may write to ``out``: a folder with records must hold the same configuration
     (``limit`` aside: a larger one extends the run; ``data_dir`` aside where the data's fingerprint is stored,
@@ -408,7 +408,7 @@ class RunFolder:
             resume (bool): whether the records there are to be continued.
         """
         self.read()
-        self.stored = _previous_run(self.path, config, resume, defaults) if self.records_by_id else None
+        self.stored = _previous_run(self.path, config, resume=resume, defaults=defaults) if self.records_by_id else None
 
     @property
     def stored_examples(self) -> int | None:

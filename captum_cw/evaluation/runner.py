@@ -68,6 +68,7 @@ class EvaluationConfig:
 def evaluate(
     config: EvaluationConfig,
     out: str | Path,
+    *,
     resume: bool = False,
     model=None,
     tokenizer=None,

@@ -30,6 +30,7 @@ def sink_study(
     threshold: float = 0.3,
     max_tokens: int = 256,
     factor: float = 0.0,
+    *,
     progress: bool = True,
 ) -> dict[str, Any]:
     r"""
@@ -69,6 +70,26 @@ def sink_study(
 
 
 def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, Any]:
+    r"""``sinks.json``'s content: where the sinks are, the factors, the anti-alignment, the convexity check and
+    the interventions, over every studied text."""
+    factors = {name: torch.stack([a.factors[name] for a in analyses]).nanmean(0) for name in analyses[0].factors}
+    return {
+        "n_texts": len(analyses),
+        "threshold": threshold,
+        "detection": _detection(analyses, token_lists),
+        "factors_per_layer_sink_vs_other": {name: value.tolist() for name, value in factors.items()},
+        "factors_mean_sink_vs_other": {name: value.nanmean(0).tolist() for name, value in factors.items()},
+        "anti_alignment": {
+            "cos_sink_rest_per_layer": torch.stack([a.cos_sink_rest for a in analyses]).mean((0, 2)).tolist(),
+            "cos_sink_output_per_layer": torch.stack([a.cos_sink_output for a in analyses]).mean((0, 2)).tolist(),
+        },
+        "convexity": _convexity(analyses),
+        "sink_norm_intervention": _intervention(effects, token_lists, factor),
+    }
+
+
+def _detection(analyses, token_lists) -> dict[str, Any]:
+    r"""How often the first token is a sink, how many sinks are later tokens, and the commonest sink tokens."""
     n_layers = analyses[0].received.shape[0]
     sink_tokens: Counter[str] = Counter()
     layers_with_first, later_sinks, all_sinks = 0, 0, 0
@@ -78,21 +99,43 @@ def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, A
             all_sinks += len(sinks)
             later_sinks += sum(position > 0 for position in sinks)
             sink_tokens.update(repr(tokens[position]) for position in sinks)
-    factors = {name: torch.stack([a.factors[name] for a in analyses]).nanmean(0) for name in analyses[0].factors}
+    return {
+        "fraction_of_layers_where_the_first_token_is_a_sink": layers_with_first / (n_layers * len(analyses)),
+        "fraction_of_sinks_that_are_not_the_first_token": later_sinks / max(all_sinks, 1),
+        "most_common_sink_tokens": sink_tokens.most_common(10),
+    }
+
+
+def _convexity(analyses) -> dict[str, Any]:
+    r"""The optimal sink rate ``t*`` against the actual one, over the rows whose sink rate is in (0, 1)."""
     rates = torch.cat([a.sink_rate.flatten() for a in analyses])
     optimal = torch.cat([a.optimal_rate.flatten() for a in analyses])
     interior = (rates > 0) & (rates < 1)
+    return {
+        "rows": int(interior.sum()),
+        "fraction_t_star_below_1": float((optimal[interior] < 1).float().mean()),
+        "mean_t_star": float(optimal[interior].mean()),
+        "mean_actual_sink_rate": float(rates[interior].mean()),
+        "fraction_actual_rate_above_t_star": float((rates[interior] > optimal[interior]).float().mean()),
+    }
+
+
+def _perplexity_change(changes: list[float]) -> dict[str, Any]:
+    r"""Mean change of perplexity over the texts with a defined change, with its 95% bootstrap interval."""
+    kept = [change for change in changes if change == change]  # texts without a control give NaN
+    if not kept:
+        return {"mean": None, "ci95": [None, None], "texts": 0}
+    return {"mean": sum(kept) / len(kept), "ci95": list(bootstrap_interval(kept)), "texts": len(kept)}
+
+
+def _intervention(effects, token_lists, factor) -> dict[str, Any]:
+    r"""The sink's value norm scaled by ``factor``, the same on the matched control token, and the sink removed
+    with renormalised rows: the perplexity changes and the direct changes of the heads' outputs."""
     low = torch.stack([e.low_norm for e in effects])  # [text, layer, head]
 
     def by_group(values: torch.Tensor) -> dict[str, float]:
         change = values[:, 1] - values[:, 0]  # [text, layer, head]
         return {"low_norm_heads": float(change[low].nanmean()), "other_heads": float(change[~low].nanmean())}
-
-    def perplexity_change(changes: list[float]) -> dict[str, Any]:
-        kept = [change for change in changes if change == change]  # texts without a control give NaN
-        if not kept:
-            return {"mean": None, "ci95": [None, None], "texts": 0}
-        return {"mean": sum(kept) / len(kept), "ci95": list(bootstrap_interval(kept)), "texts": len(kept)}
 
     def direct(name: str) -> dict[str, dict[str, float]]:
         return {"change_of_head_output_norm": by_group(torch.stack([getattr(e, name + "norm") for e in effects])),
@@ -102,14 +145,14 @@ def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, A
     with_control = [e for e in effects if e.control >= 0]
     sink_norm = torch.tensor([e.value_norm[0] for e in with_control])
     control_norm = torch.tensor([e.value_norm[1] for e in with_control])
-    intervention = {
+    return {
         "factor": factor,
-        "delta_perplexity": perplexity_change([e.delta_perplexity for e in effects]),  # the sink's norm removed
+        "delta_perplexity": _perplexity_change([e.delta_perplexity for e in effects]),  # the sink's norm removed
         **direct(""),
         "control": {
             "choice": "per text, the token that is a sink in no layer whose mean value norm ||vt|| (over layers "
                       "and heads) is closest to the sink's; its value scaled by the same factor",
-            "delta_perplexity": perplexity_change([e.control_delta_perplexity for e in effects]),
+            "delta_perplexity": _perplexity_change([e.control_delta_perplexity for e in effects]),
             **direct("control_"),
             "mean_value_norm_sink_vs_control": [float(sink_norm.mean()), float(control_norm.mean())]
             if with_control else [None, None],
@@ -121,29 +164,6 @@ def _summarize(analyses, effects, token_lists, threshold, factor) -> dict[str, A
         "sink_removed_renormalized": {
             "what": "the sink key removed from every row at every layer and head, the other weights rescaled to "
                     "sum to 1 (softmax without the sink)",
-            "delta_perplexity": perplexity_change([e.renormalized_delta_perplexity for e in effects]),
+            "delta_perplexity": _perplexity_change([e.renormalized_delta_perplexity for e in effects]),
         },
-    }
-    return {
-        "n_texts": len(analyses),
-        "threshold": threshold,
-        "detection": {
-            "fraction_of_layers_where_the_first_token_is_a_sink": layers_with_first / (n_layers * len(analyses)),
-            "fraction_of_sinks_that_are_not_the_first_token": later_sinks / max(all_sinks, 1),
-            "most_common_sink_tokens": sink_tokens.most_common(10),
-        },
-        "factors_per_layer_sink_vs_other": {name: value.tolist() for name, value in factors.items()},
-        "factors_mean_sink_vs_other": {name: value.nanmean(0).tolist() for name, value in factors.items()},
-        "anti_alignment": {
-            "cos_sink_rest_per_layer": torch.stack([a.cos_sink_rest for a in analyses]).mean((0, 2)).tolist(),
-            "cos_sink_output_per_layer": torch.stack([a.cos_sink_output for a in analyses]).mean((0, 2)).tolist(),
-        },
-        "convexity": {
-            "rows": int(interior.sum()),
-            "fraction_t_star_below_1": float((optimal[interior] < 1).float().mean()),
-            "mean_t_star": float(optimal[interior].mean()),
-            "mean_actual_sink_rate": float(rates[interior].mean()),
-            "fraction_actual_rate_above_t_star": float((rates[interior] > optimal[interior]).float().mean()),
-        },
-        "sink_norm_intervention": intervention,
     }

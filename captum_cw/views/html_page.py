@@ -56,7 +56,7 @@ def _colour(value: float, limit: float) -> str:
     return "rgb({},{},{})".format(*(round(255 + (e - 255) * abs(t)) for e in end))
 
 
-def _chip(token: str, title: str, value: float, limit: float, sink: bool, excluded: bool = False) -> str:
+def _chip(token: str, title: str, value: float, limit: float, *, sink: bool, excluded: bool = False) -> str:
     cls = "tok" + (" sink" if sink else "") + (" excluded" if excluded else "")
     text = f"{html.escape(display_token(token)) or '&nbsp;'}</span>"
     if excluded:  # left out of the ranking: marked, not coloured
@@ -92,7 +92,7 @@ def _token_strips(view: AttributionView) -> str:
                 _chip(token, f"{token!r} · position {key} · {metric} = {float(value):.6g}"
                       + (" · sink" if key in sinks else "") + (f" · excluded ({view.exclude})" if key in excluded
                                                                else ""),
-                      float(value), limit, key in sinks, key in excluded)
+                      float(value), limit, sink=key in sinks, excluded=key in excluded)
                 for key, (token, value) in enumerate(zip(view.tokens, values)))
             lines.append(f'<div class="strip"><span class="metric">{METRIC_LABELS.get(metric, metric)}</span>'
                          f'<span class="chips">{chips}</span></div>')

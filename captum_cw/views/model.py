@@ -25,6 +25,7 @@ from captum_cw.files import output_path, strict_json, write_atomically
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers
 from captum_cw.metrics import ATTENTION, CW_INTER, CW_INTRA, deprecated_variant, get_metric
 from captum_cw.models import readable_tokens
+from captum_cw.positions import Positions
 
 __all__ = ["METRIC_LABELS", "VIEW_FILES", "AttributionView", "attribution_scores", "attribution_view",
            "view_path", "write_view"]
@@ -244,14 +245,10 @@ def _explained_text(tokenizer: PreTrainedTokenizerBase, text: str, target: str |
             raise InputError("the target has no tokens; give a non-empty target.")
         ids = torch.cat([prompt, target_ids])
         return _ExplainedText(ids, list(range(len(prompt) - 1, len(ids) - 1)), target_ids)  # each predicts one
-    n = len(prompt)
-    chosen = -1 if position is None else position
-    if isinstance(chosen, bool) or not isinstance(chosen, int):
-        raise InputError(f"position must be an int, got {type(chosen).__name__}.")
-    if not -n <= chosen < n:
-        raise InputError(f"position {chosen} is outside the text's {n} tokens (0..{n - 1}; negative positions "
-                         "count from the end).")
-    return _ExplainedText(prompt, [chosen % n], None)
+    explained = Positions.shared(-1 if position is None else position, "position").rows(None, 1, len(prompt))
+    if explained.shape[1] != 1:  # [1, k]
+        raise InputError(f"position must be one int, got {position!r}.")
+    return _ExplainedText(prompt, [int(explained[0, 0])], None)
 
 
 def _scores_per_level(

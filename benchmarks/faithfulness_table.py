@@ -396,11 +396,12 @@ def run_options(args) -> str:
     (paths relative to the repo)."""
     default_out = ROOT / "benchmarks" / "runs" / args.model
     paths = {} if Path(args.out).resolve() == default_out else {"--out": args.out}
-    if args.model != "smollm2-135m":
+    if args.model != "smollm2-135m" or Path(args.results).resolve() != ROOT / "docs" / "RESULTS.md":
         paths |= {"--results": args.results, "--plots": plot_folder(args)}
     relative = {option: os.path.relpath(path, ROOT) for option, path in paths.items()}
     model = f"--model {args.model} " if args.model != "smollm2-135m" else ""
-    return model + "".join(f"{option} {path} " for option, path in relative.items())
+    tasks = f"--tasks {' '.join(args.tasks)} " if list(args.tasks) != DEFAULT_TASKS else ""
+    return model + tasks + "".join(f"{option} {path} " for option, path in relative.items())
 
 
 def stored_flags(protocol: str, args) -> str:

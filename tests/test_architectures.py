@@ -21,7 +21,9 @@ PAPER_METRICS = ("attention", "value_weighted", "output_normalized", "cw_intra",
 def assert_matches(actual, expected):
     expected = expected.float()
     scale = expected.abs().max().item()
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6 * max(scale, 1.0))
+    # rtol 5e-5: float32 against float64, where a row's head output is short (intra-head CW divides by ||o_h||^2)
+    # one element in a thousand misses 1e-5 by rounding alone, depending on the CPU's kernels (2e-5 seen)
+    torch.testing.assert_close(actual, expected, rtol=5e-5, atol=1e-6 * max(scale, 1.0))
 
 
 EXHAUSTIVE = ("bert", "gemma3_text", "gpt2", "llama", "mistral", "qwen2", "qwen3", "vit")

@@ -25,7 +25,8 @@ def _check(family, model, tokenizer, padding_side):
     for metric, attributor in attributors.items():
         scores = attributor.attribute(batch, per_head=True)
         expected = reference[metric][:, layers].float()
-        torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6 * max(1.0, expected.abs().max().item()))
+        # rtol 5e-5: float32 against float64 rounds one element in thousands past 1e-5 on some CPUs (3e-5 seen)
+        torch.testing.assert_close(scores, expected, rtol=5e-5, atol=1e-6 * max(1.0, expected.abs().max().item()))
     _, delta = attributors["cw_inter"].attribute(batch, return_convergence_delta=True)
     assert (delta < 1e-4).all()
 

@@ -400,7 +400,8 @@ def run_options(args) -> str:
         paths |= {"--results": args.results, "--plots": plot_folder(args)}
     relative = {option: os.path.relpath(path, ROOT) for option, path in paths.items()}
     model = f"--model {args.model} " if args.model != "smollm2-135m" else ""
-    tasks = f"--tasks {' '.join(args.tasks)} " if list(args.tasks) != DEFAULT_TASKS else ""
+    chosen = list(getattr(args, "tasks", DEFAULT_TASKS))  # a Namespace built by hand may not name them
+    tasks = f"--tasks {' '.join(chosen)} " if chosen != DEFAULT_TASKS else ""
     return model + tasks + "".join(f"{option} {path} " for option, path in relative.items())
 
 

@@ -6,8 +6,8 @@ never on docs/ itself, and its text must equal the committed page:
 - ``RESULTS*.md`` pages: ``benchmarks/faithfulness_table.py`` with the options of the page's own "Reproduce:" line
   (and ``--side-by-side`` where the page holds that section), run from a mirror of the repository's layout in a
   temporary folder so that the paths the page prints are the repository's; the summaries it keeps as JSON next to
-  the plots must match the committed ones too. Needs the task files (``$CAPTUM_CW_DATA``, else ../shared/data:
-  MMLU's subjects are read from it), skipped without them.
+  the plots must match the committed ones too. Needs the task files in the hub schema, in the folder
+  ``$CAPTUM_CW_DATA`` names (MMLU's subjects are read from them); skipped without them.
 - ``<!-- peers:MODEL -->`` sections: ``benchmarks/peers.py`` on ``benchmarks/runs/peers/MODEL``, against the
   reference method the section names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
   ``benchmarks/runs/layer_pointing/MODEL``.
@@ -37,7 +37,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 RUNS = REPO / "benchmarks" / "runs"
-DATA = Path(os.environ.get("CAPTUM_CW_DATA", REPO.parent / "shared" / "data"))
+DATA = Path(os.environ["CAPTUM_CW_DATA"]) if "CAPTUM_CW_DATA" in os.environ else None
 REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py ([^`]*)`", re.MULTILINE)
 SECTION = re.compile(r"^<!-- (peers|layers):([\w.-]+) -->$", re.MULTILINE)  # a line of its own, not a mention
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
@@ -117,8 +117,8 @@ def regenerate_faithfulness(page: Path, mirror: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("page", faithfulness_pages(), ids=lambda page: page.name)
 def test_faithfulness_page_regenerates(page: Path, tmp_path: Path) -> None:
-    if not (DATA / "mmlu_test.jsonl").exists():
-        pytest.skip(f"the task files are not in {DATA} (set CAPTUM_CW_DATA)")
+    if DATA is None or not (DATA / "mmlu_test.jsonl").exists():
+        pytest.skip(f"needs the task files: set CAPTUM_CW_DATA to a folder of hub-schema JSONL files (now {DATA})")
     regenerated = regenerate_faithfulness(page, tmp_path)
     assert_same(page, regenerated)
     for summary in sorted((tmp_path / "docs" / "faithfulness").rglob("*.json")):

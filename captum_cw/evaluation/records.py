@@ -140,6 +140,10 @@ def _undefined_as_nan(measures: dict[str, Any]) -> Measures:
     return {name: math.nan if value is None else value for name, value in measures.items()}
 
 
+def _index_of(example_id: str) -> int:
+    return int(example_id.rsplit("-", 1)[1])
+
+
 @dataclass(frozen=True)
 class ExampleRecord:
     r"""One finished example: its clean measurement and its measures under every intervention."""
@@ -155,7 +159,7 @@ class ExampleRecord:
     @property
     def example_index(self) -> int:
         r"""The example's position in its task (``"mmlu-12"`` -> 12): the order of ``records.jsonl``."""
-        return int(self.id.rsplit("-", 1)[1])
+        return _index_of(self.id)
 
     def to_json(self) -> Record:
         r"""The line of ``records.jsonl``: the fields in this order, those a run did not compute left out."""
@@ -186,7 +190,7 @@ class SkippedExample:
     @property
     def example_index(self) -> int:
         r"""The example's position in its task (``"mmlu-12"`` -> 12): the order of ``records.jsonl``."""
-        return int(self.id.rsplit("-", 1)[1])
+        return _index_of(self.id)
 
     def to_json(self) -> Skipped:
         r"""The line of ``records.jsonl``."""

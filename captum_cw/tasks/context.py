@@ -10,8 +10,8 @@ chance is ``1 / len(candidates)``.
 
 Two kinds of tasks: in *copy* tasks the answer's words stand in the evidence (a score that projects on the
 answer's unembedding finds them by construction, where embeddings are tied); in the others the evidence
-implies the answer without containing it (a yes/no question about a fact, a country implied by a city), so a
-method has to find the fact, not the string.
+implies the answer without containing it (a yes/no question about a fact, a country implied by a city, a job
+described without its name), so a method has to find the fact, not the string.
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ OBJECTS = ("apple", "chair", "river", "table", "lamp", "horse", "cloud", "stone"
            "pencil", "mirror", "candle", "bridge", "basket")
 COLOURS = ("red", "blue", "green", "yellow", "black", "white", "brown", "pink", "orange", "purple")
 ADJECTIVES = ("old", "new", "big", "small", "dark", "bright")
+JOBS = {"teacher": "gives lessons to children at a school", "doctor": "treats sick people in a hospital",
+        "pilot": "flies planes for an airline", "farmer": "grows vegetables and keeps cows",
+        "baker": "makes bread and cakes in a shop", "singer": "performs songs on stage",
+        "driver": "takes people around town in a taxi", "writer": "has published many novels",
+        "dentist": "looks after people's teeth", "lawyer": "defends people in court",
+        "mechanic": "repairs cars in a garage", "nurse": "cares for patients on a hospital ward"}
+r"""Each job and a description of it that never names it (no four-letter stem of the job in it)."""
 
 
 @dataclass(frozen=True)
@@ -98,12 +105,14 @@ class ContextExample:
 @dataclass(frozen=True)
 class ContextTask:
     r"""A generator of ground-truth examples: ``make(rng, distractors)`` returns ``(sources, question, answer,
-    candidates, evidence)``; ``copy`` says whether the answer's words stand in the evidence."""
+    candidates, evidence)``; ``copy`` says whether the answer's words stand in the evidence, ``per_source`` whether
+    candidate ``k`` is the answer source ``k`` would give (not so for yes/no)."""
 
     name: str
     description: str
     copy: bool
     make: Callable[[random.Random, int], tuple[list[str], str, str, list[str], int]]
+    per_source: bool = True
 
 
 def _who_lives_where(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
@@ -153,6 +162,16 @@ def _country_of_city(rng: random.Random, distractors: int) -> tuple[list[str], s
             [f" {CITIES[c]}" for c in cities], asked)
 
 
+def _job_of_description(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    r"""A paraphrase: the evidence describes the answer without naming it (``"Tom repairs cars in a garage."``,
+    then ``"Tom works as a"`` -> ``" mechanic"``)."""
+    names = rng.sample(NAMES, distractors + 1)
+    jobs = rng.sample(list(JOBS), distractors + 1)
+    sources = [f"{name} {JOBS[job]}. " for name, job in zip(names, jobs)]
+    asked = rng.randrange(len(names))
+    return sources, f"{names[asked]} works as a", f" {jobs[asked]}", [f" {job}" for job in jobs], asked
+
+
 def _yes_no(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
     r"""A yes/no question about one fact: the evidence is the fact about the asked person, true or not."""
     names = rng.sample(NAMES, distractors + 1)
@@ -175,8 +194,10 @@ CONTEXT_TASKS: dict[str, ContextTask] = {task.name: task for task in (
                 _where_question),
     ContextTask("country_of_city", "who lives where, then 'Tom lives in the country of' (the country is never "
                 "stated)", False, _country_of_city),
+    ContextTask("job_of_description", "'Tom repairs cars in a garage. ...' then 'Tom works as a' (a paraphrase: "
+                "the job is never named)", False, _job_of_description),
     ContextTask("yes_no", "who lives where, then 'Question: Does Tom live in Rome?\\nAnswer:' (yes or no)", False,
-                _yes_no),
+                _yes_no, per_source=False),
 )}
 
 

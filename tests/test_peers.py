@@ -260,3 +260,16 @@ def test_several_models_run_into_their_own_folders_and_sections(smollm2, tmp_pat
     for name in loaded:
         assert (tmp_path / name / "results.jsonl").exists()
         assert table.read_text().count(f"<!-- peers:{name} -->") == 1
+
+
+def test_target_logprobs_batches_within_the_logits_budget(smollm2, example, monkeypatch):
+    from peer_methods import measures
+
+    model, _ = smollm2
+    ids = example.input_ids[0].tolist()
+    rows = [ids, ids[:-3], ids[:5] + ids[-4:], ids[2:]]  # different lengths: right-padded in a batch
+    batched = measures.target_logprobs(model, rows, example.target)
+    monkeypatch.setattr(measures, "LOGITS_BUDGET", 1)  # one row per forward
+    one_by_one = measures.target_logprobs(model, rows, example.target)
+    assert one_by_one == pytest.approx([logprob(model, row, example.target) for row in rows], abs=1e-4)
+    assert batched == pytest.approx(one_by_one, abs=1e-4)

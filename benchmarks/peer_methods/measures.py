@@ -20,6 +20,9 @@ __all__ = ["KS", "lds_ablations", "measure", "source_scores", "spearman", "targe
 KS = (1, 3, 5)  # comp@k and suff@k: tokens removed or kept
 
 
+LOGITS_BUDGET = 2**28  # logits (rows x width x vocab) per forward of target_logprobs: 1 GiB in float32
+
+
 @torch.no_grad()
 def target_logprobs(model: nn.Module, rows: Sequence[Sequence[int]], target: int, batch_size: int = 16) -> np.ndarray:
     r"""
@@ -29,6 +32,9 @@ def target_logprobs(model: nn.Module, rows: Sequence[Sequence[int]], target: int
         ``(len(rows),)`` float64.
     """
     device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    width = max((len(row) for row in rows), default=1)
+    batch_size = max(1, min(batch_size, LOGITS_BUDGET // (width * vocab)))  # [b, width, vocab] logits fit
     values = []
     for start in range(0, len(rows), batch_size):
         chunk = [list(row) for row in rows[start:start + batch_size]]

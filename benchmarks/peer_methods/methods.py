@@ -99,7 +99,8 @@ def answer_copy(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[n
 
 def _logprob_of(model: nn.Module, target: int) -> Callable[..., torch.Tensor]:
     def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -1]  # [batch, vocab]
+        # the output layer on the last position only: [batch, n, vocab] logits of a long passage fill the memory
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1).logits[:, -1]
         return logits.float().log_softmax(-1)[:, target]  # [batch]
     return forward
 
@@ -129,6 +130,9 @@ def feature_ablation(model: nn.Module, tokenizer, encoded: EncodedExample) -> tu
     return result, len(encoded.context) + 1
 
 
+IG_TOKENS = 4096  # tokens (steps x prompt length) per backward pass of Integrated Gradients
+
+
 def integrated_gradients(model: nn.Module, tokenizer, encoded: EncodedExample, steps: int = 50) -> tuple[
         np.ndarray, int]:
     r"""
@@ -142,7 +146,8 @@ def integrated_gradients(model: nn.Module, tokenizer, encoded: EncodedExample, s
     baseline = ids.clone()
     baseline[0, encoded.context] = tokenizer.pad_token_id
     explainer = LayerIntegratedGradients(_logprob_of(model, encoded.target), model.get_input_embeddings())
-    scores = explainer.attribute(ids, baselines=baseline, n_steps=steps, internal_batch_size=steps)  # [1, n, d]
+    batch = max(1, min(steps, IG_TOKENS // encoded.n))  # steps per backward: a long passage's activations are large
+    scores = explainer.attribute(ids, baselines=baseline, n_steps=steps, internal_batch_size=batch)  # [1, n, d]
     return scores[0].sum(-1).detach().double().cpu().numpy(), 2 * steps
 
 

@@ -6,7 +6,8 @@
 One forward per example (``captum_cw.tasks.context``, candidate-set scoring: the argmax over the candidates'
 first tokens, chance one over their number). Beside accuracy with its Wilson interval it analyses the instances:
 accuracy by where the evidence stands (first, middle or last source) and, for the wrong answers, whose answer the
-model gave (the first or the last source's: a bias to a position rather than a reading of the question). Results
+model gave (the first or the last source's: a bias to a position rather than a reading of the question), and how
+often it gives its most frequent answer (a constant answer is a guess whatever its accuracy). Results
 go to ``OUT/results.jsonl``, one line per setting (its examples' records), written when the setting is done (a line
 torn by a kill is dropped); a rerun skips the settings already there, ``--report-only`` rewrites the table
 (between ``<!-- task-accuracy:MODEL -->`` markers of ``--table``) from the results.
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,7 +54,7 @@ def answer(model, tokenizer, example, style: str) -> dict:
     count = len(example.sources)
     per_source = CONTEXT_TASKS[example.task].per_source  # candidate k is source k's answer
     return {"example": example.id, "task": example.task, "candidates": len(example.candidates),
-            "correct": example.candidates[picked] == example.answer,
+            "picked": example.candidates[picked], "correct": example.candidates[picked] == example.answer,
             "evidence_at": position_of(example.evidence, count),
             "picked_at": position_of(picked, count) if per_source else None}
 
@@ -68,15 +70,17 @@ def summary_table(records: Sequence[dict], model_name: str) -> str:
     r"""The Markdown section of one model: a row per task, prompt style and distractor count."""
     lines = [f"<!-- task-accuracy:{model_name} -->", "",
              f"{model_name}: accuracy [95% Wilson interval] against chance; by where the evidence stands; and of "
-             "the wrong answers, the share that is the first or the last source's answer.", "",
+             "the wrong answers, the share that is the first or the last source's answer; the share of examples "
+             "given the model's most frequent answer (1.00: the same answer whatever the context).", "",
              "| task | style | distractors | n | accuracy | chance | evidence first | evidence middle | "
-             "evidence last | wrong: first source's | wrong: last source's |", "|" + "---|" * 11]
+             "evidence last | wrong: first source's | wrong: last source's | most frequent answer |",
+             "|" + "---|" * 12]
     settings = sorted({(r["task"], r["style"], r["distractors"]) for r in records})
     for task, style, distractors in settings:
         rows = [r for r in records if (r["task"], r["style"], r["distractors"]) == (task, style, distractors)]
         if any(r.get("unscorable") for r in rows):
             lines.append(f"| {task} | {style} | {distractors} | {len(rows)} | not scorable: candidates share "
-                         f"their first token | | | | | | |")
+                         f"their first token | | | | | | | |")
             continue
         hits = sum(r["correct"] for r in rows)
         by_position = [_percent(sum(r["correct"] for r in rows if r["evidence_at"] == at),
@@ -84,11 +88,13 @@ def summary_table(records: Sequence[dict], model_name: str) -> str:
         wrong = [r for r in rows if not r["correct"] and r["picked_at"] is not None]
         picked = [f"{sum(r['picked_at'] == at for r in wrong)} of {len(wrong)}" if wrong else "–"
                   for at in ("first", "last")]
+        modal = Counter(r["picked"] for r in rows).most_common(1)[0]
         accuracy = _percent(hits, len(rows))
         if wilson_interval(hits, len(rows))[0] >= 0.8:
             accuracy = f"**{accuracy}**"
         lines.append(f"| {task} | {style} | {distractors} | {len(rows)} | {accuracy} | "
-                     f"{1 / rows[0]['candidates']:.2f} | {' | '.join(by_position)} | {' | '.join(picked)} |")
+                     f"{1 / rows[0]['candidates']:.2f} | {' | '.join(by_position)} | {' | '.join(picked)} | "
+                     f"{modal[1] / len(rows):.2f} |")
     lines.append(f"<!-- /task-accuracy:{model_name} -->")
     return "\n".join(lines) + "\n"
 

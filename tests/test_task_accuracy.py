@@ -39,6 +39,8 @@ def test_records_are_the_models_picks_and_the_table_counts_them(smollm2, tmp_pat
     hits = sum(r["correct"] for r in records[:5])
     low, high = wilson_interval(hits, 5)
     assert f"| who_lives_where | plain | 2 | 5 | {hits / 5:.2f} [{low:.2f}, {high:.2f}] | 0.33 |" in page
+    modal = max(sum(r["picked"] == p for r in records[5:]) for p in (" yes", " no"))
+    assert page.splitlines()[-2].endswith(f"| {modal / 5:.2f} |")  # yes_no, the table's last row
 
     with open(out / "results.jsonl", "a", encoding="utf-8") as results:  # a setting torn by a kill
         results.write('{"rows": [{"task": "key_value"')

@@ -10,7 +10,8 @@ never on docs/ itself, and its text must equal the committed page:
   ``$CAPTUM_CW_DATA`` names (MMLU's subjects are read from them); skipped without them.
 - ``<!-- peers:MODEL -->`` sections: ``benchmarks/peers.py`` on ``benchmarks/runs/peers/MODEL``, against the
   reference method the section names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
-  ``benchmarks/runs/layer_pointing/MODEL``.
+  ``benchmarks/runs/layer_pointing/MODEL``; ``<!-- task-accuracy:MODEL -->`` sections:
+  ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``.
 - docs/PAPER_REPRODUCTION.md: ``benchmarks/paper_reproduction.py`` on ``benchmarks/runs/paper`` (none kept yet:
   every cell says "not run").
 
@@ -39,12 +40,12 @@ DOCS = REPO / "docs"
 RUNS = REPO / "benchmarks" / "runs"
 DATA = Path(os.environ["CAPTUM_CW_DATA"]) if "CAPTUM_CW_DATA" in os.environ else None
 REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py ([^`]*)`", re.MULTILINE)
-SECTION = re.compile(r"^<!-- (peers|layers):([\w.-]+) -->$", re.MULTILINE)  # a line of its own, not a mention
+SECTION = re.compile(r"^<!-- (peers|layers|task-accuracy):([\w.-]+) -->$", re.MULTILINE)  # a line, not a mention
+SECTION_RUNS = {"peers": "peers", "layers": "layer_pointing", "task-accuracy": "task_accuracy"}  # kind: runs folder
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
 # tables whose run folders were lost before the runs were kept; their kept summaries stand until they are rerun
 # (issue #26: "Gemma's layer-level MC run folders are cited but not kept"). Remove an entry once its folder is kept.
-NOT_KEPT = {"RESULTS_GEMMA.md: mmlu, layer level", "RESULTS_GEMMA.md: winogrande, layer level",
-            "RESULTS_GEMMA.md: boolq, layer level"}
+NOT_KEPT = {"RESULTS_GEMMA.md: mmlu, layer level", "RESULTS_GEMMA.md: boolq, layer level"}
 
 
 def pages() -> list[Path]:
@@ -128,12 +129,18 @@ def test_faithfulness_page_regenerates(page: Path, tmp_path: Path) -> None:
 
 
 def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
-    r"""Rewrites every peers and layers section of a copy of ``page`` in ``folder`` from copies of the run folders
-    under ``runs``; returns the copy."""
+    r"""Rewrites every peers, layers and task-accuracy section of a copy of ``page`` in ``folder`` from copies of
+    the run folders under ``runs``; returns the copy."""
     text = page.read_text(encoding="utf-8")
     table = folder / page.name
     shutil.copy(page, table)
     for kind, model in SECTION.findall(text):
+        if kind == "task-accuracy":
+            accuracy = folder / "task_accuracy" / model
+            copy_folder(runs / "task_accuracy" / model, accuracy)
+            run_script(str(REPO / "benchmarks" / "task_accuracy.py"), ["--report-only", "--model", model, "--out",
+                                                                       str(accuracy), "--table", str(table)], folder)
+            continue
         peers = folder / "peers" / model
         if not peers.exists():
             copy_folder(runs / "peers" / model, peers)
@@ -201,7 +208,7 @@ def test_cited_run_folder_is_kept(path: str) -> None:
 
 def tables() -> dict[str, Path]:
     r"""``{"PAGE: task, protocol level": run folder}`` for every table of the faithfulness pages, and
-    ``{"PAGE: peers|layers MODEL": run folder}`` for every generated section."""
+    ``{"PAGE: peers|layers|task-accuracy MODEL": run folder}`` for every generated section."""
     found = {}
     for page in faithfulness_pages():
         options = reproduce_options(page)
@@ -216,7 +223,7 @@ def tables() -> dict[str, Path]:
                 found[f"{page.name}: {heading.group(1)}, {protocol} level"] = out / name
     for page in section_pages():
         for kind, model in SECTION.findall(page.read_text(encoding="utf-8")):
-            found[f"{page.name}: {kind} {model}"] = RUNS / ("peers" if kind == "peers" else "layer_pointing") / model
+            found[f"{page.name}: {kind} {model}"] = RUNS / SECTION_RUNS[kind] / model
     return found
 
 
@@ -224,5 +231,5 @@ def tables() -> dict[str, Path]:
                                    if name in NOT_KEPT else name for name in tables()])
 def test_every_table_has_its_run_folder(table: str) -> None:
     folder = tables()[table]
-    records = folder / ("results.jsonl" if folder.parent.name in ("peers", "layer_pointing") else "records.jsonl")
+    records = folder / ("results.jsonl" if folder.parent.name in SECTION_RUNS.values() else "records.jsonl")
     assert records.exists(), f"{table} comes from {folder.relative_to(REPO)}, which is not kept"

@@ -88,13 +88,15 @@ def run(args: argparse.Namespace) -> None:
 
 
 def pointing(record: dict) -> dict[str, dict[str, object]]:
-    r"""``{metric: {"layers": [pointing per layer], "mean": ..., "last": ...}}`` of one example."""
+    r"""``{metric: {"layers": [pointing per layer], "mean": ..., "magnitude": ..., "last": ...}}`` of one example
+    (``magnitude``: the mean of the layers' absolute scores, ``layer_aggregation="magnitude"``)."""
     evidence = np.asarray(record["evidence"], dtype=bool)
     found = {}
     for name, values in record["scores"].items():
         per_layer = np.asarray(values)  # [layers, context]
         found[name] = {"layers": [tied_top_share(row, evidence) for row in per_layer],
                        "mean": tied_top_share(per_layer.mean(0), evidence),
+                       "magnitude": tied_top_share(np.abs(per_layer).mean(0), evidence),
                        "last": tied_top_share(per_layer[-1], evidence)}
     return found
 
@@ -105,7 +107,8 @@ def _cell(values: Sequence[float]) -> str:
 
 
 def summary_table(records: list[dict], model_name: str) -> str:
-    r"""The Markdown section of one model: per metric, the best layer, the last layer and the layer mean."""
+    r"""The Markdown section of one model: per metric, the best layer, the last layer, the layer mean and the
+    mean magnitude."""
     lines = [f"<!-- layers:{model_name} -->", f"#### {model_name}: pointing per layer", ""]
     for title, keep in GROUPS.items():
         group = [pointing(r) for r in records if keep(r)]
@@ -113,14 +116,15 @@ def summary_table(records: list[dict], model_name: str) -> str:
             continue
         n_layers = len(group[0][METRICS[0]]["layers"])
         lines += [f"**{title}** ({len(group)} examples, {n_layers} layers; mean [95% bootstrap interval])", "",
-                  "| metric | best layer | pointing there | last layer | mean over layers | layers pointing >= 0.8 |",
-                  "|---|---|---|---|---|---|"]
+                  "| metric | best layer | pointing there | last layer | mean over layers | magnitude over layers | "
+                  "layers pointing >= 0.8 |", "|---|---|---|---|---|---|---|"]
         for name in (*METRICS, TARGET):
             by_layer = np.array([example[name]["layers"] for example in group])  # [examples, layers]
             best = int(by_layer.mean(0).argmax())
             strong = [str(layer) for layer in np.flatnonzero(by_layer.mean(0) >= 0.8)]
             lines.append(f"| {name} | {best} | {_cell(by_layer[:, best])} | "
                          f"{_cell([e[name]['last'] for e in group])} | {_cell([e[name]['mean'] for e in group])} | "
+                         f"{_cell([e[name]['magnitude'] for e in group])} | "
                          f"{', '.join(strong) if strong else 'none'} |")
         lines.append("")
     lines.append(f"<!-- /layers:{model_name} -->")

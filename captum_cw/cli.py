@@ -12,6 +12,7 @@ from captum_cw.errors import CaptumCWError, InputError
 from captum_cw.evaluation.protocols import FirstToken, Granularity, Protocol, Removal, Setting
 from captum_cw.exclusions import EXCLUSIONS
 from captum_cw.files import strict_json
+from captum_cw.layer_aggregation import LAYER_AGGREGATIONS
 from captum_cw.metrics import CW_INTER, CW_INTRA, get_metric, metric_names
 from captum_cw.models import DTYPES, load_model
 from captum_cw.tasks import SAMPLES, SOURCES, TASKS, load_examples
@@ -51,7 +52,8 @@ def _over_layers(view) -> str:
 
     selection = "" if len(view.layers) == view.n_layers else f" {index_ranges(view.layers)}"
     text = {"mean": f"mean over layers{selection}", "last": f"last layer ({view.layers[-1]})",
-            "rollout": f"rollout over layers{selection}"}[view.aggregation]
+            "magnitude": f"mean magnitude over layers{selection}", "rollout": f"rollout over layers{selection}"
+            }[view.aggregation]
     return text + ("" if len(view.heads) == view.n_heads else f", heads {index_ranges(view.heads)}")
 
 
@@ -218,7 +220,7 @@ def _attribute_parser(commands: argparse._SubParsersAction, common: argparse.Arg
                            f"(default: {CW_INTER.name} {CW_INTRA.name}); attention is always shown")
     attribute.add_argument("--variant", type=_metric, default=None,
                            help="deprecated: the former name of --metric (inter or intra)")
-    attribute.add_argument("--aggregation", default="mean", choices=["last", "mean", "rollout"],
+    attribute.add_argument("--aggregation", default="mean", choices=LAYER_AGGREGATIONS,
                            help="how the table, HTML strips and files combine layers (default: mean)")
     attribute.add_argument("--exclude", default=None, choices=list(EXCLUSIONS),
                            help="mark these tokens as left out of the ranking (not coloured in --html): first, "

@@ -9,9 +9,21 @@ from torch import Tensor
 
 from captum_cw.errors import InputError
 
-__all__ = ["LAYER_AGGREGATIONS", "aggregate_layers", "in_forward_order", "rollout"]
+__all__ = ["LAYER_AGGREGATIONS", "aggregate_layers", "in_forward_order", "over_layers", "rollout"]
 
-LAYER_AGGREGATIONS = ("last", "mean", "rollout")
+LAYER_AGGREGATIONS = ("last", "mean", "magnitude", "rollout")
+
+
+def over_layers(scores: Tensor, aggregation: str, dim: int) -> Tensor:
+    r"""
+    The per-layer scores of ``scores`` along ``dim`` reduced to one: ``"last"`` (the last layer's), ``"mean"``
+    (their mean) or ``"magnitude"`` (the mean of their absolute values: how much a token moves the output
+    through each layer, in either direction; signed parts of opposite sign in different layers no longer
+    cancel, and no sum identity holds).
+    """
+    if aggregation == "last":
+        return scores.select(dim, -1)
+    return (scores.abs() if aggregation == "magnitude" else scores).mean(dim)
 
 
 def rollout(scores: Tensor) -> Tensor:
@@ -46,7 +58,7 @@ def rollout(scores: Tensor) -> Tensor:
 def aggregate_layers(scores: Tensor, rows: Tensor, aggregation: str) -> Tensor:
     r"""
     One score per key for each wanted query row, from per-layer token-level scores: the one place
-    where ``"last"``, ``"mean"`` and ``"rollout"`` are defined.
+    where ``"last"``, ``"mean"``, ``"magnitude"`` and ``"rollout"`` are defined.
 
     Args:
         scores (Tensor): ``(..., n_layers, n_rows_in, n)`` token-level scores, first layer first
@@ -55,7 +67,8 @@ def aggregate_layers(scores: Tensor, rows: Tensor, aggregation: str) -> Tensor:
         rows (Tensor): the wanted rows, indices into ``n_rows_in``: ``(n_rows,)`` for every leading
                     index alike, or ``(..., n_rows)`` one set per leading index (e.g. per example).
         aggregation (str): ``"last"`` (the last layer's row), ``"mean"`` (mean over
-                    layers) or ``"rollout"`` (:func:`rollout`).
+                    layers), ``"magnitude"`` (mean of the absolute values over layers, :func:`over_layers`)
+                    or ``"rollout"`` (:func:`rollout`).
     Returns:
         Tensor ``(..., n_rows, n)``.
     """
@@ -64,10 +77,9 @@ def aggregate_layers(scores: Tensor, rows: Tensor, aggregation: str) -> Tensor:
     if aggregation == "rollout":
         combined = rollout(scores)  # [..., n, n]: every row is composed through the layers
     elif rows.dim() == 1:  # the same rows everywhere: picked first, so only those are averaged
-        picked = scores[..., rows, :]  # [..., layer, row, n]
-        return picked[..., -1, :, :] if aggregation == "last" else picked.mean(-3)
+        return over_layers(scores[..., rows, :], aggregation, -3)  # [..., layer, row, n] -> [..., row, n]
     else:
-        combined = scores[..., -1, :, :] if aggregation == "last" else scores.mean(-3)  # [..., n_rows_in, n]
+        combined = over_layers(scores, aggregation, -3)  # [..., n_rows_in, n]
     if rows.dim() == 1:
         return combined[..., rows, :]
     return combined.gather(-2, rows[..., None].expand(*rows.shape, combined.shape[-1]))

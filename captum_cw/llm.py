@@ -172,9 +172,10 @@ class LLMContributionAttribution:
     token before it). Heads are aggregated as :class:`~captum_cw.ContributionWeights` does
     (sum for inter-head, mean for intra-head and attention); layers by
     ``layer_aggregation``: ``"last"`` (the deepest selected layer), ``"mean"``
-    (their mean) or ``"rollout"``. ``token_attr[t, j]`` is the score of prompt
-    feature ``j`` for target token ``t``; ``seq_attr`` is its sum over target
-    tokens, as captum's ``LLMAttribution`` sums over the target sequence.
+    (their mean), ``"magnitude"`` (the mean of their absolute values) or
+    ``"rollout"``. ``token_attr[t, j]`` is the score of prompt feature ``j`` for
+    target token ``t``; ``seq_attr`` is its sum over target tokens, as captum's
+    ``LLMAttribution`` sums over the target sequence.
 
     Rollout (:func:`captum_cw.layer_aggregation.rollout`) is ``R = A_L' ... A_1'``
     with ``A' = (A + I) / 2``: it follows the scores through the residual stream,
@@ -195,7 +196,7 @@ class LLMContributionAttribution:
                     (``generate`` is needed for ``target=None``).
         tokenizer (PreTrainedTokenizerBase): its tokenizer (a fast one for
                     ``TextTemplateInput``).
-        layer_aggregation (str, optional): ``"last"``, ``"mean"`` or ``"rollout"``.
+        layer_aggregation (str, optional): ``"last"``, ``"mean"``, ``"magnitude"`` or ``"rollout"``.
                     Default: ``"mean"``
         metric (str, optional): a registered metric's name or alias
                     (:func:`captum_cw.metrics.metric_names`): ``"cw_inter"``,

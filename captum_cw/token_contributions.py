@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from captum_cw.attribution import attributor_for
 from captum_cw.errors import InputError, refuse_captum_arguments, refuse_noisy_token_ids, require_model
 from captum_cw.exclusions import Exclusion, check_exclusion, excluded_tokens
-from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order
+from captum_cw.layer_aggregation import LAYER_AGGREGATIONS, aggregate_layers, in_forward_order, over_layers
 from captum_cw.metrics import ATTENTION, CW_INTER
 from captum_cw.positions import Positions
 from captum_cw.scan import ModelInputs, untuple
@@ -51,9 +51,10 @@ class TokenContributions(Attribution):
     Each selected layer gives the token-level scores of ``metric`` (heads
     aggregated as that metric does: summed for inter-head contribution weights,
     averaged otherwise); ``layer_aggregation`` turns the layers into one score per
-    token: ``"last"`` (the deepest selected layer), ``"mean"`` (their mean) or
-    ``"rollout"`` (:func:`captum_cw.layer_aggregation.rollout`, selected layers
-    composed in forward order). Without a ``target`` the scores explain the
+    token: ``"last"`` (the deepest selected layer), ``"mean"`` (their mean),
+    ``"magnitude"`` (the mean of their absolute values) or ``"rollout"``
+    (:func:`captum_cw.layer_aggregation.rollout`, selected layers composed in
+    forward order). Without a ``target`` the scores explain the
     attention outputs at ``position`` (the same for every class); with one, each
     token's first-order part of the target's log-probability through each layer's
     attention output (:mod:`captum_cw.target_contributions`): ``alpha <vt, g>``
@@ -68,8 +69,8 @@ class TokenContributions(Attribution):
                     (:func:`captum_cw.metrics.metric_names`): ``"cw_inter"``, ``"cw_intra"``,
                     ``"attention"``, ``"value_weighted"``, ``"output_normalized"``.
                     Default: ``"cw_inter"``
-        layer_aggregation (str, optional): ``"last"``, ``"mean"`` or ``"rollout"``.
-                    Default: ``"mean"``
+        layer_aggregation (str, optional): ``"last"``, ``"mean"``, ``"magnitude"`` or
+                    ``"rollout"``. Default: ``"mean"``
         position (int or Sequence[int], optional): the default position to explain,
                     as in :meth:`attribute`. Default: None
         chunk_size (int, optional): query rows computed at once per layer.
@@ -162,8 +163,11 @@ class TokenContributions(Attribution):
                         Each token then gets its first-order part of the target's
                         log-probability through the selected layers' attention outputs
                         (one forward and one backward pass), aggregated over layers by
-                        ``layer_aggregation`` (``"mean"``: their mean, ``"last"``: the
-                        deepest; ``"rollout"`` does not apply). None: the scores of
+                        ``layer_aggregation`` (``"mean"``: their mean, the token's
+                        first-order part of the target; ``"last"``: the deepest;
+                        ``"magnitude"``: the mean of their absolute values, a ranking of
+                        how much the token moves the target, of no sign and with no sum;
+                        ``"rollout"`` does not apply). None: the scores of
                         ``metric``, which explain the attention output and are the same
                         for every class. Default: None
             attention_mask (Tensor, optional): ``(batch, n)``, 1 for real tokens, 0 for
@@ -195,7 +199,8 @@ class TokenContributions(Attribution):
         check_exclusion(exclude)
         if target is not None and self.layer_aggregation == "rollout":
             raise InputError("layer_aggregation='rollout' composes attention-like scores through the layers; a "
-                             "target's first-order parts add up over layers instead: use 'mean' or 'last'.")
+                             "target's first-order parts add up over layers instead: use 'mean', 'last' or "
+                             "'magnitude'.")
         call = prepare_call(self.model, main, attention_mask, additional_forward_args, Positions(None))
         score = self._token_scores if call.inputs.is_text else self._pixel_scores
         scores = score(call, position, target, exclude)
@@ -230,7 +235,7 @@ class TokenContributions(Attribution):
         found = target_scores(self.model, layers, heads, model_inputs, positional, positions, targets,
                               self.target_rows, verify=attributor.verify)
         per_layer = in_forward_order(found.scores, attributor.layers)  # [batch, layer, n]
-        scores = per_layer[:, -1] if self.layer_aggregation == "last" else per_layer.mean(1)
+        scores = over_layers(per_layer, self.layer_aggregation, 1)
         return scores, in_forward_order(found.attention, attributor.layers)
 
     def _token_scores(self, call: PreparedCall, position: Position, target: Any, exclude: Exclusion) -> Tensor:

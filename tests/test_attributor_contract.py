@@ -77,8 +77,8 @@ METHODS = [
     Method("AttentionWeights", AttentionWeights, _rows, _row_shape, per_token=False),
     Method("ValueWeightedAttention", ValueWeightedAttention, _rows, _row_shape, per_token=False),
     Method("OutputNormalizedAttention", OutputNormalizedAttention, _rows, _row_shape, per_token=False),
-    *[_token_method(aggregation) for aggregation in ("last", "mean", "rollout")],
-    *[_token_method(aggregation, TARGET) for aggregation in ("last", "mean")],  # rollout refuses a target
+    *[_token_method(aggregation) for aggregation in ("last", "mean", "magnitude", "rollout")],
+    *[_token_method(aggregation, TARGET) for aggregation in ("last", "mean", "magnitude")],  # rollout refuses one
 ]
 CASES = [pytest.param(method, family, id=f"{method.name}-{family}")
          for method in METHODS for family in FAMILY_NAMES if not (method.decoder_only and family != "llama")]

@@ -58,7 +58,9 @@ def test_rollout_on_hand_computed_matrices():
     torch.testing.assert_close(aggregate_layers(scores, torch.tensor([1]), "rollout"), expected)
     torch.testing.assert_close(aggregate_layers(scores, torch.tensor([1]), "mean"), torch.tensor([[0.0, 1.0]]))
     torch.testing.assert_close(aggregate_layers(scores, torch.tensor([1]), "last"), torch.tensor([[-0.5, 1.5]]))
-    with pytest.raises(ValueError, match="one of last, mean, rollout"):
+    # magnitude: (|.5| + |-.5|) / 2, (|.5| + |1.5|) / 2; the signed mean's 0.0 for the first key no longer cancels
+    torch.testing.assert_close(aggregate_layers(scores, torch.tensor([1]), "magnitude"), torch.tensor([[0.5, 1.0]]))
+    with pytest.raises(ValueError, match="one of last, mean, magnitude, rollout"):
         aggregate_layers(scores, torch.tensor([1]), "max")
 
 

@@ -133,6 +133,10 @@ def test_token_contributions_with_a_target_aggregates_the_layers_and_keeps_paddi
     last = TokenContributions(model, layer_aggregation="last").attribute(ids, attention_mask=mask, target=[3, 9])
     torch.testing.assert_close(mean, per_layer.mean(1) * mask)
     torch.testing.assert_close(last, per_layer[:, -1] * mask)
+    magnitude = TokenContributions(model, layer_aggregation="magnitude").attribute(ids, attention_mask=mask,
+                                                                                   target=[3, 9])
+    torch.testing.assert_close(magnitude, per_layer.abs().mean(1) * mask)
+    assert (magnitude >= 0).all() and not torch.allclose(magnitude, mean.abs())  # signs no longer cancel
     unpadded = TokenContributions(model).attribute(ids[1:, 3:], target=9)
     torch.testing.assert_close(mean[1:, 3:], unpadded, atol=1e-6, rtol=1e-4)
 

@@ -24,6 +24,8 @@ def _brute_force(family, model, ids, mask, positions, aggregation, metric="cw_in
             result[b] = token_level[b, layers.index(max(layers)), position]
         elif aggregation == "mean":
             result[b] = token_level[b, :, position].mean(0)
+        elif aggregation == "magnitude":
+            result[b] = token_level[b, :, position].abs().mean(0)
         else:  # rollout: R = prod over layers (first applied first) of (A + I) / 2
             product = torch.eye(n, dtype=torch.float64)
             for layer in sorted(range(len(layers)), key=lambda k: layers[k]):
@@ -40,7 +42,7 @@ def _right_padded_llama():
     return family, family.build(), ids, mask
 
 
-@pytest.mark.parametrize("aggregation", ["last", "mean", "rollout"])
+@pytest.mark.parametrize("aggregation", ["last", "mean", "magnitude", "rollout"])
 @pytest.mark.parametrize("setup", ["llama_left", "llama_right", "bert_right"])
 def test_default_positions_match_the_brute_force(setup, aggregation):
     if setup == "llama_right":

@@ -155,7 +155,7 @@ def test_exclusions_are_the_first_token_and_the_keys_above_the_threshold_at_each
     ({"target": " Paris", "position": 1}, "give a position or a target, not both"),
     ({"position": 5}, r"position \[5\] out of range for a sequence of 5 tokens"),
     ({"target": ""}, "the target has no tokens"),
-    ({"aggregation": "max"}, "aggregation must be one of last, mean, rollout"),
+    ({"aggregation": "max"}, "aggregation must be one of last, mean, magnitude, rollout"),
     ({"metrics": ("both",)}, "Unknown metric 'both'"),
     ({"metrics": ()}, "metrics is empty"),
     ({"layers": [2]}, "layer 2 is out of range"),

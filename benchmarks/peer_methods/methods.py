@@ -159,7 +159,7 @@ for _name, _metric, _aggregation in (("cw_mean", "cw_inter", "mean"), ("cw_last"
                                      ("attention_rollout", "attention", "rollout")):
     register(PeerMethod(_name, token_contributions(_metric, _aggregation)))
 for _name, _aggregation, _rows in (("cw_target", "mean", "explained"), ("cw_target_last", "last", "explained"),
-                                   ("cw_target_all", "mean", "all")):
+                                   ("cw_target_all", "mean", "all"), ("cw_target_magnitude", "magnitude", "explained")):
     register(PeerMethod(_name, token_contributions("cw_inter", _aggregation, _rows)))
 register(PeerMethod("random", random_scores))
 register(PeerMethod("answer_copy", answer_copy))

@@ -78,7 +78,8 @@ class AttributionView:
                     position, and the model's probability of each.
         layers (list[int]), heads (list[int]): the layers and heads used, in model order.
         n_layers (int), n_heads (int): how many the model has.
-        aggregation (str): how ``aggregated`` combines the layers: ``"last"``, ``"mean"`` or ``"rollout"``.
+        aggregation (str): how ``aggregated`` combines the layers: ``"last"``, ``"mean"``, ``"magnitude"`` or
+                    ``"rollout"``.
         threshold (float): attention above which a key is marked as a sink.
         per_head (dict[str, Tensor]): metric -> ``(n_layers, n_heads, n_positions, n_keys)``.
         per_layer (dict[str, Tensor]): metric -> ``(n_layers, n_positions, n_keys)``, heads summed (inter-head CW)
@@ -323,7 +324,8 @@ def attribution_view(
                     the end); shown in model order. Default: all.
         metrics (Sequence[str], optional): registered metrics, by name or alias; attention is always computed
                     too (the baseline, and what marks the sinks). Default: ``"cw_inter"``, ``"cw_intra"``
-        aggregation (str, optional): ``"last"``, ``"mean"`` or ``"rollout"`` over the layers. Default: ``"mean"``
+        aggregation (str, optional): ``"last"``, ``"mean"``, ``"magnitude"`` or ``"rollout"`` over the layers.
+                    Default: ``"mean"``
         position (int, optional): without a target, the position to explain (negative counts from the end).
                     Default: the last token.
         threshold (float, optional): attention above which a key is marked as a sink, in (0, 1). Default: 0.3

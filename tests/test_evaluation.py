@@ -152,10 +152,10 @@ def test_special_tokens_are_never_removed(tiny, monkeypatch):
 def test_input_level_protocol(tiny):
     model, tokenizer = tiny
     encoded = encode(load_examples("boolq", 1, DATA)[0], tokenizer, max_tokens=64)
-    config = ProtocolConfig(protocol="input", metrics=("ig", "cw_rollout", "attention_mean", "random"), bins=(10,),
-                            ig_steps=4)
+    config = ProtocolConfig(protocol="input", metrics=("ig", "cw_rollout", "cw_magnitude", "attention_mean", "random"),
+                            bins=(10,), ig_steps=4)
     record = evaluate_example(model, encoded, config)
-    assert set(record["results"]) == {"ig", "cw_rollout", "attention_mean", "random"}
+    assert set(record["results"]) == {"ig", "cw_rollout", "cw_magnitude", "attention_mean", "random"}
     assert set(record["ig_completeness"]) == {"attribution_sum", "output_change"}
     deletion = evaluate_example(model, encoded, ProtocolConfig(protocol="input", metrics=("random",), bins=(50,),
                                                                removal="deletion"))

@@ -25,7 +25,8 @@ def tiny(tiny_llm_dir):
 
 def test_the_layer_metrics_are_the_registry_and_random():
     assert layer_metrics() == (*metric_names(), "random") and protocols.LAYER_METRICS == layer_metrics()
-    assert {"cw_last", "cw_inter_mean", "value_weighted_rollout", "ig", "random"} <= set(protocols.input_metrics())
+    assert {"cw_last", "cw_inter_mean", "cw_magnitude", "value_weighted_rollout", "ig", "random"} <= set(
+        protocols.input_metrics())
     with pytest.raises(ValueError, match="Unknown layer-level metrics"):
         ProtocolConfig(metrics=("cw_last",)).validate()
 

@@ -144,7 +144,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         model, tokenizer = load_model(args.model)
         auto = "chat" if getattr(tokenizer, "chat_template", None) else "facts"
         styles = list(dict.fromkeys(auto if style == "auto" else style for style in args.styles))
-        done = {(r["task"], r["style"], r["distractors"]) for r in records}
+        seeds = {r["seed"] for r in records}
+        if seeds - {args.seed}:
+            raise SystemExit(f"{out} holds examples of seed {sorted(seeds)}, not {args.seed}; use another --out.")
+        done = Counter((r["task"], r["style"], r["distractors"]) for r in records)
+        for setting, count in done.items():
+            if count != args.n:
+                raise SystemExit(f"{out} holds {count} examples of {setting}, not --n {args.n}; use another --out.")
         settings = [(task, style, d) for task in args.tasks for style in styles for d in args.distractors
                     if (task, style, d) not in done]
         for task, style, distractors in tqdm(settings, desc=f"{args.model} settings"):

@@ -48,12 +48,10 @@ def _what(view) -> tuple[str, str]:
 
 
 def _over_layers(view) -> str:
-    from captum_cw.views import index_ranges
+    from captum_cw.views import aggregation_label, index_ranges
 
     selection = "" if len(view.layers) == view.n_layers else f" {index_ranges(view.layers)}"
-    text = {"mean": f"mean over layers{selection}", "last": f"last layer ({view.layers[-1]})",
-            "magnitude": f"mean magnitude over layers{selection}", "rollout": f"rollout over layers{selection}"
-            }[view.aggregation]
+    text = aggregation_label(view.aggregation, view.layers, selection)
     return text + ("" if len(view.heads) == view.n_heads else f", heads {index_ranges(view.heads)}")
 
 

@@ -21,6 +21,9 @@ def over_layers(scores: Tensor, aggregation: str, dim: int) -> Tensor:
     through each layer, in either direction; signed parts of opposite sign in different layers no longer
     cancel, and no sum identity holds).
     """
+    if aggregation not in ("last", "mean", "magnitude"):
+        raise InputError(f"over_layers reduces by 'last', 'mean' or 'magnitude', got {aggregation!r} (rollout "
+                         f"composes the layers: aggregate_layers).")
     if aggregation == "last":
         return scores.select(dim, -1)
     return (scores.abs() if aggregation == "magnitude" else scores).mean(dim)
@@ -62,7 +65,7 @@ def aggregate_layers(scores: Tensor, rows: Tensor, aggregation: str) -> Tensor:
 
     Args:
         scores (Tensor): ``(..., n_layers, n_rows_in, n)`` token-level scores, first layer first
-                    (for ``"rollout"`` every query row, ``n_rows_in = n``; for ``"last"`` and ``"mean"``
+                    (for ``"rollout"`` every query row, ``n_rows_in = n``; for the others
                     only the wanted rows need be set, or be there).
         rows (Tensor): the wanted rows, indices into ``n_rows_in``: ``(n_rows,)`` for every leading
                     index alike, or ``(..., n_rows)`` one set per leading index (e.g. per example).

@@ -164,7 +164,8 @@ class TokenContributions(Attribution):
                         log-probability through the selected layers' attention outputs
                         (one forward and one backward pass), aggregated over layers by
                         ``layer_aggregation`` (``"mean"``: their mean, the token's
-                        first-order part of the target; ``"last"``: the deepest;
+                        first-order part of the target over the layers divided by their
+                        number; ``"last"``: the deepest;
                         ``"magnitude"``: the mean of their absolute values, a ranking of
                         how much the token moves the target, of no sign and with no sum;
                         ``"rollout"`` does not apply). None: the scores of

@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from captum_cw.statistics import wilson_interval
@@ -49,6 +50,9 @@ def test_records_are_the_models_picks_and_the_table_counts_them(smollm2, tmp_pat
     task_accuracy.main(args)  # both settings are done: nothing runs
     task_accuracy.main([*args, "--report-only"])
     assert table.read_text(encoding="utf-8") == page
+    for other in (["--n", "6"], ["--seed", "1"]):  # a folder holds one sample: another is refused, not mixed in
+        with pytest.raises(SystemExit, match="use another --out"):
+            task_accuracy.main([*args, *other])
     monkeypatch.undo()
     monkeypatch.setattr("captum_cw.models.load_model", lambda name: smollm2)
     task_accuracy.main([*args[:6], "1", *args[7:]])  # a new setting lands on its own line after the torn one

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-from captum_cw.views import attribution_view, render_html, text_records
+from captum_cw.layer_aggregation import LAYER_AGGREGATIONS
+from captum_cw.views import aggregation_label, attribution_view, render_html, text_records
 from captum_cw.views.html_page import TEMPLATES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,3 +153,13 @@ def test_records_of_a_view_one_per_metric_and_position(view):
         assert record.attr_score == pytest.approx(float(view.aggregated[metric][r].sum()))
         assert float(record.word_attributions.abs().max()) == pytest.approx(1.0)
         assert len(record.raw_input_ids) == len(view.tokens)
+
+
+@pytest.mark.parametrize("aggregation", LAYER_AGGREGATIONS)
+def test_every_layer_aggregation_renders_and_says_its_name(tiny, aggregation):
+    model, tokenizer = tiny
+    view = attribution_view(model, tokenizer, TEXT, TARGET, aggregation=aggregation, layers=[0, 1])
+    heading = [text for _, text in Page(render_html(view)).find("h2")][0]
+    assert heading == f"Scores per token ({aggregation_label(aggregation, view.layers)})"
+    assert {"mean": "mean over", "last": "last layer (1)", "magnitude": "mean magnitude over",
+            "rollout": "rollout over"}[aggregation] in heading

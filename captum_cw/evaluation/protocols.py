@@ -75,8 +75,8 @@ def layer_metrics() -> tuple[str, ...]:
 def input_metrics() -> tuple[str, ...]:
     r"""
     The input level's metrics: ``ig``, ``random`` and ``{metric}_{aggregation}`` for every name and alias of a
-    registered metric (``cw_last`` is ``cw_inter``'s, through its alias ``cw``) and layer aggregation (last,
-    mean, rollout).
+    registered metric (``cw_last`` is ``cw_inter``'s, through its alias ``cw``) and layer aggregation
+    (:data:`captum_cw.layer_aggregation.LAYER_AGGREGATIONS`).
     """
     families = [spelling for name in metric_names() for spelling in get_metric(name).spellings]
     return ("ig", "random", *(f"{family}_{how}" for family in families for how in LAYER_AGGREGATIONS))

@@ -13,11 +13,13 @@ from captum_cw.views.model import (
     METRIC_LABELS,
     VIEW_FILES,
     AttributionView,
+    aggregation_label,
     attribution_scores,
     attribution_view,
     view_path,
 )
 from captum_cw.views.records import text_records
 
-__all__ = ["METRIC_LABELS", "VIEW_FILES", "AttributionView", "attribution_scores", "attribution_view", "html_view",
-           "index_ranges", "readable_tokens", "render_html", "text_records", "view_path", "write_html"]
+__all__ = ["METRIC_LABELS", "VIEW_FILES", "AttributionView", "aggregation_label", "attribution_scores",
+           "attribution_view", "html_view", "index_ranges", "readable_tokens", "render_html", "text_records",
+           "view_path", "write_html"]

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from captum_cw.files import strict_json
 from captum_cw.plotting import display_token
-from captum_cw.views.model import METRIC_LABELS, AttributionView, attribution_view, write_view
+from captum_cw.views.model import METRIC_LABELS, AttributionView, aggregation_label, attribution_view, write_view
 
 __all__ = ["TEMPLATES", "html_view", "index_ranges", "render_html", "write_html"]
 
@@ -152,11 +152,6 @@ def _position_options(view: AttributionView) -> str:
     return "".join(f'<option value="{value}">{html.escape(label)}</option>' for value, label in rows)
 
 
-def _aggregation_label(view: AttributionView) -> str:
-    return {"mean": "mean over layers", "last": f"last layer ({view.layers[-1]})",
-            "rollout": "rollout over layers"}[view.aggregation]
-
-
 def render_html(view: AttributionView) -> str:
     r"""One self-contained HTML page (inline CSS and JavaScript, no network) of an :class:`AttributionView`:
     the tokens coloured by each metric's aggregated score, per-layer heatmaps of every metric for the explained
@@ -176,7 +171,7 @@ def render_html(view: AttributionView) -> str:
         excluded="" if view.exclude is None else (f" &nbsp; <b>Excluded</b> ({html.escape(view.exclude)}, "
                                                   f"marked, not coloured): {html.escape(excluded)}"),
         position_options=_position_options(view),
-        aggregation=html.escape(_aggregation_label(view)),
+        aggregation=html.escape(aggregation_label(view.aggregation, view.layers)),
         token_strips=_token_strips(view),
         data=_script_json(_heatmap_data(view)),
         css=_template("page.css"),

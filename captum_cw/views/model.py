@@ -27,8 +27,15 @@ from captum_cw.metrics import ATTENTION, CW_INTER, CW_INTRA, deprecated_variant,
 from captum_cw.models import readable_tokens
 from captum_cw.positions import Positions
 
-__all__ = ["METRIC_LABELS", "VIEW_FILES", "AttributionView", "attribution_scores", "attribution_view",
-           "view_path", "write_view"]
+__all__ = ["METRIC_LABELS", "VIEW_FILES", "AttributionView", "aggregation_label", "attribution_scores",
+           "attribution_view", "view_path", "write_view"]
+
+def aggregation_label(aggregation: str, layers: Sequence[int], selection: str = "") -> str:
+    r"""How a view's layers were combined, in words (``selection``: the layers chosen, appended where said)."""
+    return {"mean": f"mean over layers{selection}", "last": f"last layer ({layers[-1]})",
+            "magnitude": f"mean magnitude over layers{selection}",
+            "rollout": f"rollout over layers{selection}"}[aggregation]
+
 
 METRIC_LABELS = {CW_INTER.name: "contribution (inter)", CW_INTRA.name: "contribution (intra)",
                  ATTENTION.name: ATTENTION.label}

@@ -102,8 +102,11 @@ def sample_of(args) -> tuple[str, int]:
 
 def task_label(task: str, args) -> str:
     r"""The task as its runs and tables are named: ``mmlu``, or ``mmlu stratified`` (``mmlu stratified1`` for seed 1)
-    for a sample other than the first rows."""
+    for a sample other than the first rows; a stratified sample of a task without strata is a random one
+    (``winogrande random``)."""
     sample, seed = sample_of(args)
+    if sample == "stratified" and not TASK_SPECS[task].strata:
+        sample = "random"
     return task if sample == "first" else f"{task} {sample}{seed or ''}"
 
 
@@ -117,7 +120,7 @@ def sample_line(task: str, n: int, settings: dict | None, strata: dict[str, int]
     else:
         stratified = sample == "stratified" and TASK_SPECS[task].strata
         spread = ", round-robin over its subjects, each shuffled" if stratified else ""
-        line = f"Rows: {n} of {file}, a seeded {sample} sample (seed {seed}){spread}"
+        line = f"Rows: {n} of {file}, a seeded {'stratified' if stratified else 'random'} sample (seed {seed}){spread}"
     if not strata:
         return line + "."
     field = TASK_SPECS[task].strata

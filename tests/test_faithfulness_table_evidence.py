@@ -45,6 +45,8 @@ def test_sampled_runs_have_their_own_folders_and_names(tmp_path):
     assert table.run_folder("boolq", "input", _args(tmp_path, sample="random", sample_seed=2)) == \
         tmp_path / "runs" / "boolq_random2_input"
     assert table.task_label("mmlu", stratified) == "mmlu stratified"
+    # a task without strata takes a random sample when asked for a stratified one, and says so
+    assert table.run_folder("winogrande", "layer", stratified) == tmp_path / "runs" / "winogrande_random"
 
 
 def test_each_table_says_which_rows_it_holds():
@@ -54,6 +56,8 @@ def test_each_table_says_which_rows_it_holds():
         "shuffled.")
     assert table.sample_line("boolq", 50, {"sample": "random", "sample_seed": 3}) == (
         "Rows: 50 of boolq_validation.jsonl, a seeded random sample (seed 3).")
+    assert table.sample_line("boolq", 50, {"sample": "stratified", "sample_seed": 0}) == (
+        "Rows: 50 of boolq_validation.jsonl, a seeded random sample (seed 0).")
 
 
 def test_a_table_of_mmlu_says_how_its_rows_spread_over_the_subjects(tmp_path):

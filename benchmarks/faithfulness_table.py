@@ -105,9 +105,14 @@ def task_label(task: str, args) -> str:
     for a sample other than the first rows; a stratified sample of a task without strata is a random one
     (``winogrande random``)."""
     sample, seed = sample_of(args)
-    if sample == "stratified" and not TASK_SPECS[task].strata:
-        sample = "random"
+    sample = drawn_as(task, sample)
     return task if sample == "first" else f"{task} {sample}{seed or ''}"
+
+
+def drawn_as(task: str, sample: str) -> str:
+    r"""How the rows of ``sample`` are drawn for ``task``: a stratified sample of a task without strata is a random
+    one (``captum_cw.tasks.load_examples`` shuffles all rows)."""
+    return "random" if sample == "stratified" and not TASK_SPECS[task].strata else sample
 
 
 def sample_line(task: str, n: int, settings: dict | None, strata: dict[str, int] | None = None) -> str:
@@ -118,9 +123,9 @@ def sample_line(task: str, n: int, settings: dict | None, strata: dict[str, int]
     if sample == "first":
         line = f"Rows: the first {n} of {file}, in the file's order"
     else:
-        stratified = sample == "stratified" and TASK_SPECS[task].strata
-        spread = ", round-robin over its subjects, each shuffled" if stratified else ""
-        line = f"Rows: {n} of {file}, a seeded {'stratified' if stratified else 'random'} sample (seed {seed}){spread}"
+        drawn = drawn_as(task, sample)
+        spread = ", round-robin over its subjects, each shuffled" if drawn == "stratified" else ""
+        line = f"Rows: {n} of {file}, a seeded {drawn} sample (seed {seed}){spread}"
     if not strata:
         return line + "."
     field = TASK_SPECS[task].strata

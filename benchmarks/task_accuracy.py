@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peer_methods import encode_example  # the benchmarks folder is on the path from here on
+from peers import write_section
 
 from captum_cw.statistics import wilson_interval
 from captum_cw.tasks.context import CONTEXT_TASKS, context_examples
@@ -99,17 +100,6 @@ def summary_table(records: Sequence[dict], model_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_table(path: Path, section: str, model_name: str) -> None:
-    start, end = f"<!-- task-accuracy:{model_name} -->", f"<!-- /task-accuracy:{model_name} -->"
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    if start in text:
-        head, rest = text.split(start, 1)
-        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
-    else:
-        text = text + ("\n" if text else "") + section
-    path.write_text(text, encoding="utf-8")
-
-
 def read_results(path: Path) -> list[dict]:
     r"""The example records of a results file; a setting's line torn by a killed run is dropped whole."""
     records = []
@@ -165,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             records += rows
     section = summary_table(records, args.model)
     if args.table:
-        _write_table(Path(args.table), section, args.model)
+        write_section(Path(args.table), section, args.model, marker="task-accuracy")
     print(section)
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from captum_cw import TokenContributions
+from captum_cw.knockout_gradients import knockout_gradients
 
 from .encoding import EncodedExample
 
@@ -79,6 +80,18 @@ def token_contributions(metric: str, layer_aggregation: str, target_rows: str | 
         row = _EXPLAINERS[key].attribute(encoded.input_ids.to(device), target=target)[0]  # [n]
         return row.detach().double().cpu().numpy(), 1 if target_rows is None else 2
     return score
+
+
+def cw_knockout(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
+    r"""Knockout gradients (:func:`captum_cw.knockout_gradients.knockout_gradients`): the target's gradient with
+    respect to the context tokens' key gates in every layer, read with the whole context half present (one
+    forward and one backward pass)."""
+    device = next(model.parameters()).device
+    context = torch.zeros(encoded.input_ids.shape, dtype=torch.bool)  # [1, n]
+    context[0, encoded.context] = True
+    found = knockout_gradients(model, encoded.input_ids.to(device), context, torch.tensor([encoded.n - 1]),
+                               torch.tensor([encoded.target]))
+    return found.scores[0].double().cpu().numpy(), 2
 
 
 def _seed(encoded: EncodedExample) -> int:
@@ -161,6 +174,7 @@ for _name, _metric, _aggregation in (("cw_mean", "cw_inter", "mean"), ("cw_last"
 for _name, _aggregation, _rows in (("cw_target", "mean", "explained"), ("cw_target_last", "last", "explained"),
                                    ("cw_target_all", "mean", "all"), ("cw_target_magnitude", "magnitude", "explained")):
     register(PeerMethod(_name, token_contributions("cw_inter", _aggregation, _rows)))
+register(PeerMethod("cw_knockout", cw_knockout))
 register(PeerMethod("random", random_scores))
 register(PeerMethod("answer_copy", answer_copy))
 register(PeerMethod("feature_ablation", feature_ablation))

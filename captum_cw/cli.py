@@ -15,6 +15,7 @@ from captum_cw.files import strict_json
 from captum_cw.layer_aggregation import LAYER_AGGREGATIONS
 from captum_cw.metrics import CW_INTER, CW_INTRA, get_metric, metric_names
 from captum_cw.models import DTYPES, load_model
+from captum_cw.sources import SOURCE_METHODS
 from captum_cw.tasks import SAMPLES, SOURCES, TASKS, load_examples
 
 __all__ = ["main"]
@@ -191,7 +192,7 @@ def _sources(args: argparse.Namespace) -> int:
         raise InputError(f"--html {args.html}: give a file name ending in .html.")
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     chat = {"auto": None, "yes": True, "no": False}[args.chat]
-    explainer = SourceContributions(model, tokenizer, chat=chat)
+    explainer = SourceContributions(model, tokenizer, chat=chat, method=args.method)
     found = explainer.attribute(sources, args.query, args.response, max_new_tokens=args.max_new_tokens)
     print(found.to_text())
     if args.html is not None:
@@ -315,6 +316,10 @@ def _sources_parser(commands: argparse._SubParsersAction, common: argparse.Argum
                          help="for a generated response (default: 20)")
     sources.add_argument("--chat", default="auto", choices=["auto", "yes", "no"],
                          help="use the tokenizer's chat template (auto: when it has one)")
+    sources.add_argument("--method", default="contributions", choices=SOURCE_METHODS,
+                         help="contributions: first-order target-aware contributions (per response token too); "
+                              "knockout: knockout gradients, which predict removing several sources at once better "
+                              "(docs/PEERS.md)")
     sources.add_argument("--model", default="smollm2-135m", help="smollm2-135m (offline), a local path or hub id")
     sources.add_argument("--html", default=None, help="also write an HTML view of the sources here (.html)")
     sources.add_argument("--device", type=device, default=None)

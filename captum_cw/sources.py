@@ -1,9 +1,11 @@
 """Source-level context attribution: which sources of a context (sentences, passages, chat messages) made the
 model give a response, from one forward and one backward pass.
 
-Each source gets the sum of its tokens' target-aware contributions (:mod:`captum_cw.target_contributions`) to the
-response's log-probability: the first-order change of ``log p(response)`` if the source's value vectors were
-masked out of the rows that predict the response, at every layer. ContextCite asks the same question of a
+Each source gets the sum of its tokens' scores for the response's log-probability: by default their target-aware
+contributions (:mod:`captum_cw.target_contributions`), the first-order change of ``log p(response)`` if the
+source's value vectors were masked out of the rows that predict the response, at every layer; with
+``method="knockout"`` their knockout gradients (:mod:`captum_cw.knockout_gradients`), read with every source half
+present, which predict what removing several sources at once does. ContextCite asks the same question of a
 surrogate model fitted on 32-64 ablated forward passes.
 """
 
@@ -22,12 +24,15 @@ from transformers import PreTrainedTokenizerBase
 from captum_cw.architectures import find_attention_layers
 from captum_cw.errors import InputError, require_model
 from captum_cw.files import write_atomically
+from captum_cw.knockout_gradients import knockout_gradients
 from captum_cw.scan import prepare_inputs
 from captum_cw.selection import select_indices
 from captum_cw.target_contributions import TARGET_ROWS, target_scores
 from captum_cw.tasks.context import token_sources
 
-__all__ = ["SourceAttribution", "SourceContributions"]
+__all__ = ["SOURCE_METHODS", "SourceAttribution", "SourceContributions"]
+
+SOURCE_METHODS = ("contributions", "knockout")
 
 Source = str | Mapping[str, str]  # a text, or a chat message {"role": ..., "content": ...}
 
@@ -42,9 +47,10 @@ class SourceAttribution:
         query (str): the question asked after them.
         response (str): the response explained (given, or generated).
         response_tokens (list[str]): its tokens.
-        scores (Tensor): ``(n_sources,)`` each source's first-order part of the response's log-probability.
+        scores (Tensor): ``(n_sources,)`` each source's part of the response's log-probability (first-order, or
+                    its knockout gradient).
         token_scores (Tensor): ``(n_response_tokens, n_sources)`` the part that passes through the row predicting
-                    each response token (the rows sum to ``scores``).
+                    each response token (the rows sum to ``scores``); NaN where the method has no such split.
         log_probs (Tensor): ``(n_response_tokens,)`` the model's log-probability of each response token.
         prompt (str): the prompt as the model read it (chat template included).
     """
@@ -115,6 +121,11 @@ class SourceContributions:
                     template. Default: None (when the tokenizer has a chat template)
         target_rows (str, optional): ``"explained"`` (the rows that predict the response) or ``"all"`` (every
                     row that reads a source token; no per-token split). Default: ``"explained"``
+        method (str, optional): ``"contributions"`` (the first-order target-aware contributions at the model as
+                    it is) or ``"knockout"`` (knockout gradients: the response's gradient with respect to the
+                    sources' key gates in every layer, with every source half present; it predicts removing several
+                    sources at once better, docs/PEERS.md; no per-token split, all layers, one more forward pass
+                    for the log-probabilities). Default: ``"contributions"``
 
     Examples::
 
@@ -133,10 +144,16 @@ class SourceContributions:
         *,
         chat: bool | None = None,
         target_rows: str = "explained",
+        method: str = "contributions",
     ) -> None:
         require_model(model, "SourceContributions")
         if target_rows not in TARGET_ROWS:
             raise InputError(f"target_rows must be one of {', '.join(TARGET_ROWS)}, got {target_rows!r}.")
+        if method not in SOURCE_METHODS:
+            raise InputError(f"method must be one of {', '.join(SOURCE_METHODS)}, got {method!r}.")
+        if method == "knockout" and (layers is not None or target_rows != "explained"):
+            raise InputError("method='knockout' gates the sources in every layer and every row: leave layers and "
+                             "target_rows at their defaults.")
         self.model = model
         self.tokenizer = tokenizer
         self.attention_layers = find_attention_layers(model)
@@ -145,6 +162,7 @@ class SourceContributions:
         if self.chat and not getattr(tokenizer, "chat_template", None):
             raise InputError(f"chat=True, but {type(tokenizer).__name__} has no chat template; pass chat=False.")
         self.target_rows = target_rows
+        self.method = method
 
     def _prompt(self, sources: list[str], query: str) -> tuple[str, list[tuple[int, int]]]:
         r"""The prompt text and each source's character span in it."""
@@ -190,21 +208,34 @@ class SourceContributions:
         response_ids = self._response_ids(prompt_ids, response, max_new_tokens)
         ids = torch.tensor([prompt_ids + response_ids], device=next(self.model.parameters()).device)
         positions = torch.arange(len(prompt_ids) - 1, ids.shape[1] - 1)[None]  # the rows that predict the response
-        model_inputs, positional = prepare_inputs(self.model, ids, None, None, ids.device)
-        layers = [self.attention_layers[index] for index in self.layers]
-        found = target_scores(self.model, layers, None, model_inputs, positional, positions,
-                              torch.tensor([response_ids]), self.target_rows)
         membership = torch.zeros(ids.shape[1], len(texts))  # [token, source]
         for position, source in enumerate(source_of):
             if source >= 0:
                 membership[position, source] = 1.0
-        per_token = found.scores[0].sum(0).cpu()  # [n]: summed over layers
-        token_scores = (found.per_target[0].sum(1).cpu() @ membership if found.per_target is not None
-                        else torch.full((len(response_ids), len(texts)), float("nan")))
+        targets = torch.tensor([response_ids])  # [1, t]
+        no_split = torch.full((len(response_ids), len(texts)), float("nan"))
+        if self.method == "knockout":
+            context = (membership.sum(1) > 0)[None].to(ids.device)  # [1, n]
+            per_token = knockout_gradients(self.model, ids, context, positions, targets).scores[0].cpu()  # [n]
+            token_scores, log_probs = no_split, self._log_probs(ids, positions, targets)
+        else:
+            model_inputs, positional = prepare_inputs(self.model, ids, None, None, ids.device)
+            layers = [self.attention_layers[index] for index in self.layers]
+            found = target_scores(self.model, layers, None, model_inputs, positional, positions, targets,
+                                  self.target_rows)
+            per_token = found.scores[0].sum(0).cpu()  # [n]: summed over layers
+            token_scores = found.per_target[0].sum(1).cpu() @ membership if found.per_target is not None else no_split
+            log_probs = found.objective[0].cpu()
         return SourceAttribution(
             sources=texts, query=query, response=str(self.tokenizer.decode(response_ids)),
             response_tokens=list(self.tokenizer.convert_ids_to_tokens(response_ids)), scores=per_token @ membership,
-            token_scores=token_scores, log_probs=found.objective[0].cpu(), prompt=text)
+            token_scores=token_scores, log_probs=log_probs, prompt=text)
+
+    @torch.no_grad()
+    def _log_probs(self, ids: Tensor, positions: Tensor, targets: Tensor) -> Tensor:
+        r"""``(t,)`` each response token's log-probability (one forward pass)."""
+        logits = self.model(input_ids=ids).logits[0, positions[0].to(ids.device)]  # [t, vocab]
+        return logits.float().log_softmax(-1).gather(-1, targets[0, :, None].to(ids.device))[:, 0].cpu()
 
     def _response_ids(self, prompt_ids: list[int], response: str | None, max_new_tokens: int) -> list[int]:
         if response is not None:

@@ -16,6 +16,12 @@ def test_sources_are_ranked_and_the_page_written(tmp_path, capsys):
     assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 
 
+def test_knockout_is_a_method_of_the_verb(capsys):
+    assert main(["sources", "--source", "Anna lives in Paris.", "--source", "Tom lives in Rome.",
+                 "--query", "Where does Tom live?", "--response", " Rome", "--method", "knockout"]) == 0
+    assert "[1] Tom lives in Rome." in capsys.readouterr().out
+
+
 def test_sources_from_a_file(tmp_path, capsys):
     listed = tmp_path / "sources.txt"
     listed.write_text("Anna lives in Paris.\n\nTom lives in Rome.\n", encoding="utf-8")
@@ -27,6 +33,7 @@ def test_sources_from_a_file(tmp_path, capsys):
 @pytest.mark.parametrize("arguments, message", [
     (["--query", "x"], "no sources"),
     (["--source", "a", "--query", "x", "--html", "page.txt"], "ending in .html"),
+    (["--source", "a", "--query", "x", "--method", "lrp"], "invalid choice: 'lrp'"),
 ])
 def test_bad_arguments_exit_2_with_one_line(arguments, message, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -10,6 +10,7 @@ import torch
 
 from captum_cw.architectures import find_attention_layers
 from captum_cw.errors import InputError
+from captum_cw.knockout_gradients import knockout_gradients
 from captum_cw.scan import prepare_inputs
 from captum_cw.sources import SourceContributions
 from captum_cw.target_contributions import target_scores
@@ -107,3 +108,44 @@ def test_chat_without_a_template_is_refused(smollm2):
 
     with pytest.raises(InputError, match="no chat template"):
         SourceContributions(model, NoTemplate(), chat=True)
+
+
+def test_knockout_scores_sources_by_their_tokens_knockout_gradients(smollm2):
+    r"""In the chat format (the model's own, where it answers; in the plain one SmolLM2's first source holds its
+    sink token, whose gate moves every row)."""
+    model, tokenizer = smollm2
+    found = SourceContributions(model, tokenizer, method="knockout").attribute(SOURCES, "Where does Tom live?",
+                                                                              " Tom lives in Rome.")
+    text = tokenizer(found.prompt, return_offsets_mapping=True, add_special_tokens=False)  # the template's own
+    response = tokenizer(found.response, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([text["input_ids"] + response])  # [1, n]
+    positions = torch.arange(len(text["input_ids"]) - 1, ids.shape[1] - 1)[None]  # [1, t]
+    spans, start = [], found.prompt.index(SOURCES[0])
+    for source in SOURCES:  # the sources stand one after the other, a space apart
+        spans.append((start, start + len(source)))
+        start += len(source) + 1
+    owner = [next((k for k, (low, high) in enumerate(spans) if low <= s + len(found.prompt[s:e]) - len(
+        found.prompt[s:e].lstrip()) and e <= high), -1) if e > s and found.prompt[s:e].strip() else -1
+        for s, e in text["offset_mapping"]]
+    context = torch.tensor([[k >= 0 for k in owner]])  # [1, n - t]
+    context = torch.cat([context, torch.zeros(1, len(response), dtype=torch.bool)], 1)  # [1, n]
+    per_token = knockout_gradients(model, ids, context, positions, torch.tensor([response])).scores[0]
+    expected = torch.zeros(len(SOURCES))
+    for position, k in enumerate(owner):
+        if k >= 0:
+            expected[k] += per_token[position]
+    torch.testing.assert_close(found.scores, expected)
+    assert found.ranking()[0] == 1  # Tom's sentence
+    assert bool(found.token_scores.isnan().all())  # no per-token split
+    first_order = SourceContributions(model, tokenizer).attribute(SOURCES, "Where does Tom live?",
+                                                                  " Tom lives in Rome.")
+    torch.testing.assert_close(found.log_probs, first_order.log_probs, rtol=1e-4, atol=1e-5)  # the clean run's
+
+
+@pytest.mark.parametrize("options, message", [({"method": "lrp"}, "method must be one of contributions, knockout"),
+                                              ({"method": "knockout", "layers": [0]}, "leave layers"),
+                                              ({"method": "knockout", "target_rows": "all"}, "leave layers")])
+def test_bad_methods_are_refused(smollm2, options, message):
+    model, tokenizer = smollm2
+    with pytest.raises(InputError, match=message):
+        SourceContributions(model, tokenizer, **options)

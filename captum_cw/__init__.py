@@ -25,6 +25,7 @@ from captum_cw.errors import (
     UnsupportedArgumentError,
     UnsupportedSetupError,
 )
+from captum_cw.knockout_gradients import KnockoutGradients, knockout_gradients
 from captum_cw.llm import LLMContributionAttribution
 from captum_cw.metrics import Metric, get_metric, metric_names, register_metric
 from captum_cw.positions import Positions
@@ -41,6 +42,7 @@ __all__ = [
     "ContributionFactors",
     "ContributionWeights",
     "InputError",
+    "KnockoutGradients",
     "LLMContributionAttribution",
     "Metric",
     "MetricAttribution",
@@ -58,6 +60,7 @@ __all__ = [
     "attribute_metrics",
     "find_attention_layers",
     "get_metric",
+    "knockout_gradients",
     "metric_names",
     "register_architecture",
     "register_metric",

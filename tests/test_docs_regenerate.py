@@ -45,7 +45,7 @@ SECTION_RUNS = {"peers": "peers", "layers": "layer_pointing", "task-accuracy": "
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
 # tables whose run folders were lost before the runs were kept; their kept summaries stand until they are rerun
 # (issue #26: "Gemma's layer-level MC run folders are cited but not kept"). Remove an entry once its folder is kept.
-NOT_KEPT = {"RESULTS_GEMMA.md: boolq, layer level"}
+NOT_KEPT: set[str] = set()  # empty since 2026-12-06: Gemma's three lost layer-level runs were rerun and are kept
 
 
 def pages() -> list[Path]:

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from captum_cw.architectures import find_attention_layers
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.errors import InputError, UnsupportedSetupError, require_model
+from captum_cw.target_contributions import target_objective
 
 __all__ = ["KnockoutGradients", "knockout_gradients"]
 
@@ -133,7 +134,6 @@ def knockout_gradients(
     points = (torch.arange(n_steps, dtype=torch.float32) + 0.5) / n_steps  # midpoints of the path
     scores = torch.zeros(batch, n, dtype=torch.float32, device=device)
     objectives = []
-    rows = torch.arange(batch, device=device)[:, None]
     for point in points.tolist():
         gate = torch.where(context, point, 1.0).float().requires_grad_()  # [batch, n]
         with torch.enable_grad(), capture_attention(model, [layer.attention for layer in layers],
@@ -144,7 +144,7 @@ def knockout_gradients(
                                             "causal language model (AutoModelForCausalLM).")
             if bool(((targets < 0) | (targets >= logits.shape[-1])).any()):
                 raise InputError(f"target {targets.tolist()} out of range for a vocabulary of {logits.shape[-1]}.")
-            objective = logits[rows, positions].float().log_softmax(-1).gather(-1, targets[..., None]).sum((1, 2))
+            objective = target_objective(logits, positions, targets).sum(1)  # [batch]
             (gradient,) = torch.autograd.grad(objective.sum(), gate)  # [batch, n]
         scores += torch.where(context, gradient, 0.0) / n_steps
         objectives.append(objective.detach())

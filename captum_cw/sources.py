@@ -27,7 +27,7 @@ from captum_cw.files import write_atomically
 from captum_cw.knockout_gradients import knockout_gradients
 from captum_cw.scan import prepare_inputs
 from captum_cw.selection import select_indices
-from captum_cw.target_contributions import TARGET_ROWS, target_scores
+from captum_cw.target_contributions import TARGET_ROWS, target_objective, target_scores
 from captum_cw.tasks.context import token_sources
 
 __all__ = ["SOURCE_METHODS", "SourceAttribution", "SourceContributions"]
@@ -234,8 +234,8 @@ class SourceContributions:
     @torch.no_grad()
     def _log_probs(self, ids: Tensor, positions: Tensor, targets: Tensor) -> Tensor:
         r"""``(t,)`` each response token's log-probability (one forward pass)."""
-        logits = self.model(input_ids=ids).logits[0, positions[0].to(ids.device)]  # [t, vocab]
-        return logits.float().log_softmax(-1).gather(-1, targets[0, :, None].to(ids.device))[:, 0].cpu()
+        logits = self.model(input_ids=ids).logits  # [1, n, vocab]
+        return target_objective(logits, positions.to(ids.device), targets.to(ids.device))[0].cpu()
 
     def _response_ids(self, prompt_ids: list[int], response: str | None, max_new_tokens: int) -> list[int]:
         if response is not None:

@@ -33,7 +33,7 @@ from captum_cw.geometry import HeadGeometry
 from captum_cw.positions import Positions
 from captum_cw.scan import ModelInputs, scan_geometry
 
-__all__ = ["TARGET_ROWS", "TargetScores", "target_scores"]
+__all__ = ["TARGET_ROWS", "TargetScores", "target_objective", "target_scores"]
 
 TARGET_ROWS = ("explained", "all")
 
@@ -65,7 +65,7 @@ class TargetScores:
     output: Any
 
 
-def _target_objective(logits: Tensor, positions: Tensor, targets: Tensor) -> Tensor:
+def target_objective(logits: Tensor, positions: Tensor, targets: Tensor) -> Tensor:
     r"""
     Each target's log-probability: ``(batch, n_targets)``.
 
@@ -142,7 +142,7 @@ def _differentiated_pass(model: nn.Module, layers: Sequence[AttentionLayer], mod
                                         "read from: use a model with a language-modelling or classification head "
                                         "(e.g. AutoModelForCausalLM), or leave target out.")
         with torch.enable_grad():
-            objective = _target_objective(logits, positions, targets)
+            objective = target_objective(logits, positions, targets)
         differentiated = [projected[k] for k in range(len(layers))]
         if rows == "all":
             differentiated += [values[k] for k in range(len(layers))]

@@ -35,7 +35,7 @@ LAYERS = {
     "captum_cw.interventions": 4,
     "captum_cw.scoring": 4,
     "captum_cw.target_contributions": 4,
-    "captum_cw.knockout_gradients": 4,
+    "captum_cw.knockout_gradients": 5,
     "captum_cw.attribution": 5,
     # 6: what is built on the attributors
     "captum_cw.llm": 6,

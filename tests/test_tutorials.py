@@ -43,6 +43,9 @@ def test_tutorial_needs_nothing_outside_the_repository(path):
 def test_tutorial_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTUM_CW_DATA", str(TEST_DATA))
     monkeypatch.setenv("TQDM_DISABLE", "1")
+    # one thread in the kernel: with torch's default two on a two-core machine that another process keeps busy,
+    # a cell of tutorial 06 ran past the timeout (over 600 s, against 64 s on one thread)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     notebook = nbformat.read(path, as_version=4)
     resources = {"metadata": {"path": str(tmp_path)}}
     NotebookClient(notebook, timeout=600, kernel_name="python3", resources=resources).execute()

@@ -16,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_methods.encoding import encode_example
-from peer_methods.measures import lds_ablations, source_scores, spearman, tied_top_share
+from peer_methods.measures import lds, lds_ablations, lds_seed, source_scores, tied_top_share
 from peer_methods.methods import METHODS
 from peers import examples_of, parse_args, read_results
 
@@ -71,8 +70,7 @@ def main() -> None:
     rows = []
     for example in tqdm(examples, desc=args.model):
         encoded = encode_example(tokenizer, example, style)
-        seed = int.from_bytes(hashlib.sha256(f"lds:{example.id}".encode()).digest()[:4], "little")
-        masks, logprobs = lds_ablations(model, encoded, 16, seed)  # the peers run's own ablations
+        ablations = lds_ablations(model, encoded, 16, lds_seed(example.id))  # the peers run's own ablations
         scores = {f"gate {point:g}": gate_gradient(model, encoded, point) for point in points}
         scores.update({name: METHODS[name].score(model, tokenizer, encoded)[0]
                        for name in ("cw_target", "cw_target_magnitude")})
@@ -80,15 +78,15 @@ def main() -> None:
         evidence = np.isin(context, encoded.evidence)
         row = {"id": example.id, "task": example.task}
         for name, values in scores.items():
-            lds = spearman(masks.astype(float) @ source_scores(encoded, values, "token"), logprobs)
-            row[name] = {"lds": lds, "pointing": tied_top_share(values[context], evidence)}
+            row[name] = {"lds": lds(source_scores(encoded, values, "token"), ablations),
+                         "pointing": tied_top_share(values[context], evidence)}
         rows.append(row)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows) + "\n", encoding="utf-8")
     for name in [key for key in rows[0] if key not in ("id", "task")]:
-        lds = np.nanmean([row[name]["lds"] for row in rows])
+        mean_lds = np.nanmean([row[name]["lds"] for row in rows])
         pointing = np.mean([row[name]["pointing"] for row in rows])
-        print(f"{name}: n {len(rows)}, LDS {lds:.3f}, pointing {pointing:.3f}")
+        print(f"{name}: n {len(rows)}, LDS {mean_lds:.3f}, pointing {pointing:.3f}")
 
 
 if __name__ == "__main__":

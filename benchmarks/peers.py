@@ -16,7 +16,6 @@ lists no missing peer). docs/PEERS.md says what each measure is and what was cha
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 import math
@@ -37,6 +36,7 @@ from peer_methods import (  # the benchmarks folder is on the path from here on
     boolq_examples,
     encode_example,
     lds_ablations,
+    lds_seed,
     measure,
     target_logprobs,
     unavailable,
@@ -113,14 +113,13 @@ def run_example(model, tokenizer, example: ContextExample, methods: Sequence[str
     if not todo:
         return
     full = float(target_logprobs(model, [encoded.input_ids[0].tolist()], encoded.target)[0])
-    seed = int.from_bytes(hashlib.sha256(f"lds:{example.id}".encode()).digest()[:4], "little")
-    lds = lds_ablations(model, encoded, lds_count, seed) if lds_count else None
+    ablations = lds_ablations(model, encoded, lds_count, lds_seed(example.id)) if lds_count else None
     for name in todo:
         method = METHODS[name]
         start = _clock(model)
         scores, forwards = method.score(model, tokenizer, encoded)
         seconds = _clock(model) - start
-        values = measure(model, encoded, scores, method.level, full, lds)
+        values = measure(model, encoded, scores, method.level, full, ablations)
         _append(path, {**base, "method": name, "level": method.level, "target_logprob": full, **values,
                        "forwards": forwards, "seconds": seconds, "time_ratio": seconds / forward_seconds})
         done.add((example.id, name))

@@ -7,6 +7,7 @@ prompt's positions (only the context's count); source-level scores are ``(source
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,7 +16,8 @@ from torch import nn
 
 from .encoding import EncodedExample
 
-__all__ = ["KS", "lds_ablations", "measure", "source_scores", "spearman", "target_logprobs", "tied_top_share"]
+__all__ = ["KS", "lds", "lds_ablations", "lds_seed", "measure", "source_scores", "spearman", "target_logprobs",
+           "tied_top_share"]
 
 KS = (1, 3, 5)  # comp@k and suff@k: tokens removed or kept
 
@@ -86,6 +88,11 @@ def spearman(first: np.ndarray, second: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
+def lds_seed(example_id: str) -> int:
+    r"""The seed of an example's LDS ablations: the same for every method and run, apart from the methods' own."""
+    return int.from_bytes(hashlib.sha256(f"lds:{example_id}".encode()).digest()[:4], "little")
+
+
 def lds_ablations(model: nn.Module, encoded: EncodedExample, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     r"""
     ``count`` random source ablations at keep rate 0.5 and the target log-probability under each: the ground
@@ -101,8 +108,15 @@ def lds_ablations(model: nn.Module, encoded: EncodedExample, count: int, seed: i
     return masks, target_logprobs(model, rows, encoded.target)
 
 
+def lds(per_source: np.ndarray, ablations: tuple[np.ndarray, np.ndarray]) -> float:
+    r"""ContextCite's LDS: the Spearman correlation between the summed ``(sources,)`` scores of the kept sources and
+    the target log-probability, over :func:`lds_ablations`'s ablations."""
+    masks, logprobs = ablations
+    return spearman(masks.astype(float) @ per_source, logprobs)
+
+
 def measure(model: nn.Module, encoded: EncodedExample, scores: np.ndarray, level: str, full: float,
-            lds: tuple[np.ndarray, np.ndarray] | None) -> dict[str, float | None]:
+            ablations: tuple[np.ndarray, np.ndarray] | None) -> dict[str, float | None]:
     r"""
     Every measure of one method on one example.
 
@@ -112,7 +126,7 @@ def measure(model: nn.Module, encoded: EncodedExample, scores: np.ndarray, level
         scores (ndarray): ``(n,)`` token scores or ``(sources,)`` source scores.
         level (str): ``"token"`` or ``"source"``.
         full (float): the target log-probability on the whole prompt.
-        lds (tuple, optional): :func:`lds_ablations`'s masks and log-probabilities.
+        ablations (tuple, optional): :func:`lds_ablations`'s masks and log-probabilities.
     Returns:
         ``pointing``, ``evidence_mass`` (None where the evidence is unknown), ``comp@k``, ``suff@k`` (None for
         source-level methods), ``source_comp@1`` and ``lds`` (drops are ``full`` minus the ablated log-probability).
@@ -145,7 +159,6 @@ def measure(model: nn.Module, encoded: EncodedExample, scores: np.ndarray, level
     drops = full - target_logprobs(model, rows, encoded.target)
     result.update({name: None for k in KS for name in (f"comp@{k}", f"suff@{k}")})
     result.update({name: float(drop) for name, drop in zip(names, drops)})
-    if lds is not None:
-        masks, logprobs = lds
-        result["lds"] = spearman(masks.astype(float) @ per_source, logprobs)
+    if ablations is not None:
+        result["lds"] = lds(per_source, ablations)
     return result

@@ -24,8 +24,20 @@ def test_each_example_has_one_evidence_that_states_the_answer(task, distractors)
         if example.copy:  # the answer's word stands in the evidence and in no other source
             assert in_sources == [example.evidence]
             assert example.answer_spans() and all(example.prompt[s:e] == word for s, e in example.answer_spans())
-        elif task != "yes_no":  # the answer is implied, never stated
-            assert in_sources == [] and example.answer_spans() == []
+        else:
+            assert example.answer_spans() == []  # no copy, even where the letter stands inside a name ("Anna")
+            if CONTEXT_TASKS[task].per_source:  # the answer is implied, never stated
+                assert in_sources == []
+
+
+def test_a_choice_letter_names_the_evidence_city_and_every_city_is_an_option():
+    for example in context_examples("where_choice", 30, seed=2, distractors=3):
+        options = dict(line.split(". ", 1) for line in example.question.splitlines() if line[1:3] == ". ")
+        assert sorted(options) == [c.strip() for c in example.candidates] == list("ABCD")
+        evidence = example.sources[example.evidence]
+        assert evidence.split(" lives in ")[0] in example.question
+        assert evidence == f"{evidence.split(' lives in ')[0]} lives in {options[example.answer.strip()]}. "
+        assert sorted(options.values()) == sorted(s.split(" lives in ")[1][:-2] for s in example.sources)
 
 
 def test_examples_are_seeded_and_differ_across_seeds():

@@ -39,6 +39,8 @@ CITIES = {"Paris": "France", "Rome": "Italy", "London": "England", "Berlin": "Ge
           "Lisbon": "Portugal", "Beijing": "China", "Delhi": "India", "Toronto": "Canada"}
 OBJECTS = ("apple", "chair", "river", "table", "lamp", "horse", "cloud", "stone", "bottle", "garden", "window",
            "pencil", "mirror", "candle", "bridge", "basket")
+LETTERS = "ABCDEFGHI"
+r"""The option letters of :func:`_where_choice` (one per source, up to 9)."""
 COLOURS = ("red", "blue", "green", "yellow", "black", "white", "brown", "pink", "orange", "purple")
 ADJECTIVES = ("old", "new", "big", "small", "dark", "bright")
 JOBS = {"teacher": "gives lessons to children at a school", "doctor": "treats sick people in a hospital",
@@ -94,7 +96,10 @@ class ContextExample:
 
     def answer_spans(self) -> list[tuple[int, int]]:
         r"""Where the answer's word stands in the context (character spans in :attr:`prompt`): the in-context copy
-        of the answer that a copy task's evidence holds (empty for the other tasks)."""
+        of the answer that a copy task's evidence holds (empty for the other tasks, where a letter or a ``no``
+        found inside another word is no copy)."""
+        if not self.copy:
+            return []
         word, context, spans, start = self.answer.strip(), self.context, [], 0
         while (found := context.find(word, start)) >= 0:
             spans.append((found, found + len(word)))
@@ -184,6 +189,17 @@ def _yes_no(rng: random.Random, distractors: int) -> tuple[list[str], str, str, 
             [" yes", " no"], asked)
 
 
+def _where_choice(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    r"""A multiple-choice question about one fact: every source's city as a lettered option, in a random order; the
+    answer is the evidence's city's letter, which the evidence supports without stating it."""
+    sources, _, answer, candidates, asked = _who_lives_where(rng, distractors)
+    name = sources[asked].split(" lives in ")[0]
+    order = rng.sample(range(len(sources)), len(sources))  # order[k]: the source whose city is option k
+    options = "".join(f"\n{letter}. {candidates[source].strip()}" for letter, source in zip(LETTERS, order))
+    return (sources, f"\nQuestion: Where does {name} live?{options}\nAnswer:", f" {LETTERS[order.index(asked)]}",
+            [f" {letter}" for letter in LETTERS[:len(sources)]], asked)
+
+
 CONTEXT_TASKS: dict[str, ContextTask] = {task.name: task for task in (
     ContextTask("who_lives_where", "'Anna lives in Paris. Tom lives in Rome. ...' then 'Tom lives in'", True,
                 _who_lives_where),
@@ -198,6 +214,8 @@ CONTEXT_TASKS: dict[str, ContextTask] = {task.name: task for task in (
                 "the job is never named)", False, _job_of_description),
     ContextTask("yes_no", "who lives where, then 'Question: Does Tom live in Rome?\\nAnswer:' (yes or no)", False,
                 _yes_no, per_source=False),
+    ContextTask("where_choice", "who lives where, then 'Question: Where does Tom live?\\nA. Rome\\nB. Paris\\nAnswer:' "
+                "(a letter)", False, _where_choice, per_source=False),
 )}
 
 

@@ -77,6 +77,15 @@ def _checked(input_ids: Tensor, context: Tensor, positions: Tensor, targets: Ten
     return positions, targets
 
 
+def _checked_interval(interval: tuple[float, float]) -> tuple[float, float]:
+    if (not isinstance(interval, (tuple, list)) or len(interval) != 2
+            or not all(isinstance(end, (int, float)) and not isinstance(end, bool) for end in interval)
+            or not 0.0 <= interval[0] < interval[1] <= 1.0):
+        raise InputError(f"interval must be (a, b) with 0 <= a < b <= 1 (the part of the path from knocked out, 0, "
+                         f"to present, 1), got {interval!r}.")
+    return float(interval[0]), float(interval[1])
+
+
 def _gated(log_gate: Tensor) -> Callable[[AttentionCall], Tensor]:
     r"""An attention capture that reruns the model's kernel with ``log_gate`` ``(batch, n)`` added to each key's
     logits in every row (the mask's own entries kept), queries, keys and values as the model computed them."""
@@ -104,6 +113,7 @@ def knockout_gradients(
     targets: Tensor,
     attention_mask: Tensor | None = None,
     n_steps: int = 1,
+    interval: tuple[float, float] = (0.0, 1.0),
 ) -> KnockoutGradients:
     r"""
     Integrated Gradients of the targets' log-probability along the path that gates the context tokens' keys,
@@ -118,20 +128,24 @@ def knockout_gradients(
         targets (Tensor): shaped like ``positions``, each target token; several targets of an example are
                     explained together, as the sum of their log-probabilities.
         attention_mask (Tensor, optional): ``(batch, n)``, 1 for real tokens. Default: None
-        n_steps (int, optional): path points; 1 reads the gradient at ``t = 1/2`` only. Default: 1
+        n_steps (int, optional): path points; 1 reads the gradient at the interval's midpoint only. Default: 1
+        interval (tuple of float, optional): ``(a, b)``, ``0 <= a < b <= 1``: the part of the path integrated.
+                    ``(0, 0.1)`` reads the first tenth, from knocked out, where the gradient lies when the context
+                    holds most of its rows' attention (docs/DESIGN.md, "Knockout gradients"). Default: (0.0, 1.0)
     Returns:
-        :class:`KnockoutGradients`; with many steps the scores of an example sum to ``f(prompt) - f(context
-        knocked out)`` (the completeness of Integrated Gradients).
+        :class:`KnockoutGradients`; with many steps the scores of an example sum to ``f(t = b) - f(t = a)``, over
+        the whole path ``f(prompt) - f(context knocked out)`` (the completeness of Integrated Gradients).
     """
     require_model(model, "knockout_gradients")
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise InputError(f"n_steps must be a positive int, got {n_steps!r}.")
+    start, end = _checked_interval(interval)
     device = next(model.parameters()).device
     input_ids, context = input_ids.to(device), context.to(device)
     positions, targets = _checked(input_ids, context, positions.to(device), targets.to(device))
     layers = find_attention_layers(model)
     batch, n = input_ids.shape
-    points = (torch.arange(n_steps, dtype=torch.float32) + 0.5) / n_steps  # midpoints of the path
+    points = start + (end - start) * (torch.arange(n_steps, dtype=torch.float64) + 0.5) / n_steps  # midpoints
     scores = torch.zeros(batch, n, dtype=torch.float32, device=device)
     objectives = []
     for point in points.tolist():
@@ -146,6 +160,6 @@ def knockout_gradients(
                 raise InputError(f"target {targets.tolist()} out of range for a vocabulary of {logits.shape[-1]}.")
             objective = target_objective(logits, positions, targets).sum(1)  # [batch]
             (gradient,) = torch.autograd.grad(objective.sum(), gate)  # [batch, n]
-        scores += torch.where(context, gradient, 0.0) / n_steps
+        scores += torch.where(context, gradient, 0.0) * ((end - start) / n_steps)
         objectives.append(objective.detach())
-    return KnockoutGradients(scores=scores, objective=torch.stack(objectives, 1), points=points)
+    return KnockoutGradients(scores=scores, objective=torch.stack(objectives, 1), points=points.float())

@@ -73,6 +73,25 @@ def test_completeness_with_many_steps(name):
     assert bool((found.scores[~CONTEXT] == 0).all())
 
 
+def test_an_interval_is_integrated_between_its_ends():
+    r"""One step on ``(0, 0.1)`` is a tenth of the independent gate's gradient at 0.05; many steps on
+    ``(0.25, 1)`` sum to the gated objective's change between its ends."""
+    model = float64_eager("llama")
+    found = knockout_gradients(model, IDS, CONTEXT, torch.tensor([N - 1]), torch.tensor([TARGET]),
+                               interval=(0.0, 0.1))
+    early = torch.where(CONTEXT[0], 0.05, 1.0).double().requires_grad_()  # [n]
+    (gradient,) = torch.autograd.grad(gated_objective(model, early), early)
+    torch.testing.assert_close(found.scores[0].double(), 0.1 * torch.where(CONTEXT[0], gradient, 0.0), rtol=1e-5,
+                               atol=1e-8)
+    assert found.points.tolist() == pytest.approx([0.05])
+    late = knockout_gradients(model, IDS, CONTEXT, torch.tensor([N - 1]), torch.tensor([TARGET]), n_steps=128,
+                              interval=(0.25, 1.0))
+    with torch.no_grad():
+        change = gated_objective(model, torch.ones(N, dtype=torch.float64)) - gated_objective(
+            model, torch.where(CONTEXT[0], 0.25, 1.0).double())
+    assert float(late.scores.sum()) == pytest.approx(float(change), rel=1e-3)
+
+
 def test_sdpa_and_eager_agree_and_the_model_is_left_unchanged():
     model = FAMILIES["llama"].build()
     before = model(input_ids=IDS).logits
@@ -116,6 +135,11 @@ def test_several_targets_are_explained_as_their_sum():
     ({"targets": torch.tensor([[1, 2]])}, "2 targets per example for 1 positions"),
     ({"n_steps": 0}, "n_steps must be a positive int"),
     ({"n_steps": True}, "n_steps must be a positive int"),
+    ({"interval": (0.5, 0.5)}, "interval must be (a, b) with 0 <= a < b <= 1"),
+    ({"interval": (-0.1, 1.0)}, "interval must be (a, b) with 0 <= a < b <= 1"),
+    ({"interval": (0.0, 1.5)}, "interval must be (a, b) with 0 <= a < b <= 1"),
+    ({"interval": "0,1"}, "interval must be (a, b) with 0 <= a < b <= 1"),
+    ({"interval": (0.0, True)}, "interval must be (a, b) with 0 <= a < b <= 1"),
     ({"input_ids": IDS.float()}, "input_ids must be a (batch, n) integer tensor"),
 ])
 def test_bad_input_is_named(change, message):

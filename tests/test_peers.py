@@ -144,16 +144,18 @@ def test_feature_ablation_is_the_drop_when_no_query_reads_the_token(smollm2, exa
     assert np.all(scores[[p for p in range(example.n) if p not in example.context]] == 0)
 
 
-def test_cw_knockout_is_knockout_gradients_over_the_context(smollm2, example):
-    r"""The gates cover the context's tokens only, and the library's scores come back unchanged."""
+@pytest.mark.parametrize(("name", "interval"), [("cw_knockout", (0.0, 1.0)), ("cw_knockout_early", (0.0, 0.1))])
+def test_cw_knockout_is_knockout_gradients_over_the_context(smollm2, example, name, interval):
+    r"""The gates cover the context's tokens only, the path's interval is the method's, and the library's scores
+    come back unchanged."""
     from captum_cw import knockout_gradients
 
     model, tokenizer = smollm2
-    scores, forwards = METHODS["cw_knockout"].score(model, tokenizer, example)
+    scores, forwards = METHODS[name].score(model, tokenizer, example)
     context = torch.zeros(example.input_ids.shape, dtype=torch.bool)
     context[0, example.context] = True
     found = knockout_gradients(model, example.input_ids, context, torch.tensor([example.n - 1]),
-                               torch.tensor([example.target]))
+                               torch.tensor([example.target]), interval=interval)
     np.testing.assert_allclose(scores, found.scores[0].double().numpy(), rtol=1e-5, atol=1e-7)
     assert forwards == 2 and np.all(scores[[p for p in range(example.n) if p not in example.context]] == 0)
 

@@ -82,16 +82,18 @@ def token_contributions(metric: str, layer_aggregation: str, target_rows: str | 
     return score
 
 
-def cw_knockout(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
+def knockout(interval: tuple[float, float]) -> Scorer:
     r"""Knockout gradients (:func:`captum_cw.knockout_gradients.knockout_gradients`): the target's gradient with
-    respect to the context tokens' key gates in every layer, read with the whole context half present (one
-    forward and one backward pass)."""
-    device = next(model.parameters()).device
-    context = torch.zeros(encoded.input_ids.shape, dtype=torch.bool)  # [1, n]
-    context[0, encoded.context] = True
-    found = knockout_gradients(model, encoded.input_ids.to(device), context, torch.tensor([encoded.n - 1]),
-                               torch.tensor([encoded.target]))
-    return found.scores[0].double().cpu().numpy(), 2
+    respect to the context tokens' key gates in every layer, read at the midpoint of ``interval`` of the path
+    (one forward and one backward pass)."""
+    def score(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
+        device = next(model.parameters()).device
+        context = torch.zeros(encoded.input_ids.shape, dtype=torch.bool)  # [1, n]
+        context[0, encoded.context] = True
+        found = knockout_gradients(model, encoded.input_ids.to(device), context, torch.tensor([encoded.n - 1]),
+                                   torch.tensor([encoded.target]), interval=interval)
+        return found.scores[0].double().cpu().numpy(), 2
+    return score
 
 
 def _seed(encoded: EncodedExample) -> int:
@@ -174,7 +176,8 @@ for _name, _metric, _aggregation in (("cw_mean", "cw_inter", "mean"), ("cw_last"
 for _name, _aggregation, _rows in (("cw_target", "mean", "explained"), ("cw_target_last", "last", "explained"),
                                    ("cw_target_all", "mean", "all"), ("cw_target_magnitude", "magnitude", "explained")):
     register(PeerMethod(_name, token_contributions("cw_inter", _aggregation, _rows)))
-register(PeerMethod("cw_knockout", cw_knockout))
+register(PeerMethod("cw_knockout", knockout((0.0, 1.0))))  # read at t = 1/2
+register(PeerMethod("cw_knockout_early", knockout((0.0, 0.1))))  # read at t = 0.05
 register(PeerMethod("random", random_scores))
 register(PeerMethod("answer_copy", answer_copy))
 register(PeerMethod("feature_ablation", feature_ablation))

@@ -4,8 +4,8 @@ model give a response, from one forward and one backward pass.
 Each source gets the sum of its tokens' scores for the response's log-probability: by default their target-aware
 contributions (:mod:`captum_cw.target_contributions`), the first-order change of ``log p(response)`` if the
 source's value vectors were masked out of the rows that predict the response, at every layer; with
-``method="knockout"`` their knockout gradients (:mod:`captum_cw.knockout_gradients`), read with every source half
-present, which predict what removing several sources at once does. ContextCite asks the same question of a
+``method="knockout"`` their knockout gradients (:mod:`captum_cw.knockout_gradients`), read near the knocked-out
+end of the path (every source's key gate at 0.05), which predict what removing several sources at once does. ContextCite asks the same question of a
 surrogate model fitted on 32-64 ablated forward passes.
 """
 
@@ -33,6 +33,10 @@ from captum_cw.tasks.context import token_sources
 __all__ = ["SOURCE_METHODS", "SourceAttribution", "SourceContributions"]
 
 SOURCE_METHODS = ("contributions", "knockout")
+KNOCKOUT_INTERVAL = (0.0, 0.1)
+r"""Where ``method="knockout"`` reads the path: one step at gate 0.05, where a row that puts most of its attention on
+the context has lost about half of it (at 1/2 it keeps nearly all; docs/DESIGN.md, "Knockout gradients"), chosen on
+docs/PEERS.md's examples and confirmed on held-out ones."""
 
 Source = str | Mapping[str, str]  # a text, or a chat message {"role": ..., "content": ...}
 
@@ -123,9 +127,9 @@ class SourceContributions:
                     row that reads a source token; no per-token split). Default: ``"explained"``
         method (str, optional): ``"contributions"`` (the first-order target-aware contributions at the model as
                     it is) or ``"knockout"`` (knockout gradients: the response's gradient with respect to the
-                    sources' key gates in every layer, with every source half present; it predicts removing several
-                    sources at once better, docs/PEERS.md; no per-token split, all layers, one more forward pass
-                    for the log-probabilities). Default: ``"contributions"``
+                    sources' key gates in every layer, with every gate at 0.05, :data:`KNOCKOUT_INTERVAL`; it
+                    predicts removing several sources at once better, docs/PEERS.md; no per-token split, all
+                    layers, one more forward pass for the log-probabilities). Default: ``"contributions"``
 
     Examples::
 
@@ -216,7 +220,8 @@ class SourceContributions:
         no_split = torch.full((len(response_ids), len(texts)), float("nan"))
         if self.method == "knockout":
             context = (membership.sum(1) > 0)[None].to(ids.device)  # [1, n]
-            per_token = knockout_gradients(self.model, ids, context, positions, targets).scores[0].cpu()  # [n]
+            per_token = knockout_gradients(self.model, ids, context, positions, targets,
+                                           interval=KNOCKOUT_INTERVAL).scores[0].cpu()  # [n]
             token_scores, log_probs = no_split, self._log_probs(ids, positions, targets)
         else:
             model_inputs, positional = prepare_inputs(self.model, ids, None, None, ids.device)

@@ -129,7 +129,8 @@ def test_knockout_scores_sources_by_their_tokens_knockout_gradients(smollm2):
         for s, e in text["offset_mapping"]]
     context = torch.tensor([[k >= 0 for k in owner]])  # [1, n - t]
     context = torch.cat([context, torch.zeros(1, len(response), dtype=torch.bool)], 1)  # [1, n]
-    per_token = knockout_gradients(model, ids, context, positions, torch.tensor([response])).scores[0]
+    per_token = knockout_gradients(model, ids, context, positions, torch.tensor([response]),
+                                   interval=(0.0, 0.1)).scores[0]  # read at gate 0.05
     expected = torch.zeros(len(SOURCES))
     for position, k in enumerate(owner):
         if k >= 0:

@@ -5,8 +5,8 @@ Each source gets the sum of its tokens' scores for the response's log-probabilit
 contributions (:mod:`captum_cw.target_contributions`), the first-order change of ``log p(response)`` if the
 source's value vectors were masked out of the rows that predict the response, at every layer; with
 ``method="knockout"`` their knockout gradients (:mod:`captum_cw.knockout_gradients`), read near the knocked-out
-end of the path (every source's key gate at 0.05), which predict what removing several sources at once does. ContextCite asks the same question of a
-surrogate model fitted on 32-64 ablated forward passes.
+end of the path (every source's key gate at 0.05), which predict what removing several sources at once does.
+ContextCite asks the same question of a surrogate model fitted on 32-64 ablated forward passes.
 """
 
 from __future__ import annotations

@@ -53,6 +53,19 @@ TASKS = {"smollm2-135m": [("who_lives_where:2,country_of_city:3", 35), ("job_of_
          "gemma-3-270m": [("who_lives_where:2,country_of_city:3", 40), ("job_of_description:2", 30)]}
 
 
+def answered_examples(model_name: str, runs: Path = RUNS) -> tuple[list, str, list[dict]]:
+    r"""The examples the model answered in its peers run ``runs/MODEL`` (``TASKS``' settings, the run's seed), the
+    run's prompt style, and its records."""
+    folder = runs / model_name
+    records = read_results(folder / "results.jsonl")
+    answered = {r["example"] for r in records if r["method"] == "answered" and r["correct"]}
+    settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
+    examples = [e for tasks, n in TASKS[model_name] for e in examples_of(parse_args(
+                ["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)]))
+                if e.id in answered]
+    return examples, settings["style"], records
+
+
 def gate_gradient(model, encoded, point: float) -> np.ndarray:
     r"""``(n,)`` d log p(answer) / d gate of each context token, every context gate at ``point`` (0 elsewhere)."""
     n = encoded.n
@@ -144,14 +157,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     points = args.points.split(",")
-    folder = Path(args.runs) / args.model
-    records = read_results(folder / "results.jsonl")
-    answered = {r["example"] for r in records if r["method"] == "answered" and r["correct"]}
-    settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
-    examples = [e for tasks, n in TASKS[args.model] for e in examples_of(parse_args(
-                ["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)]))
-                if e.id in answered][:args.limit]
-    style = settings["style"]
+    examples, style, records = answered_examples(args.model, Path(args.runs))
+    examples = examples[:args.limit]
     model, tokenizer = load_model(args.model, attn_implementation="eager")
     rows = []
     for example in tqdm(examples, desc=args.model):

@@ -4,9 +4,10 @@ For each answered ground-truth example of ``benchmarks/runs/peers/MODEL`` (3-4 s
 every subset of its sources (deleting the others' tokens, as the LDS does) and computes each source's Banzhaf
 value: its mean effect on log p(answer) over the subsets of the other sources, the least-squares additive model
 of random half-ablations, so the best an additive score can do on the LDS. It then scores on the run's own 16
-seeded half-ablations (``peer_methods.measures.lds``): the Banzhaf values, the evidence's indicator (1 on the
-evidence, 0 elsewhere) and the methods of ``--methods`` (token scores summed per source), and counts for each the
-share of distractor sources it scores above zero (Banzhaf's share says what sign a distractor deserves).
+seeded half-ablations (read off those subsets; ``peer_methods.measures.lds``): the Banzhaf values, the evidence's
+indicator (1 on the evidence, 0 elsewhere) and the methods of ``--methods`` (token scores summed per source), and
+counts for each the share of distractor sources it scores above zero (Banzhaf's share says what sign a distractor
+deserves).
 
 Usage::
 
@@ -25,23 +26,25 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from knockout_points import RUNS, TASKS
+from knockout_points import TASKS, answered_examples
 from peer_methods.encoding import encode_example
-from peer_methods.measures import _without, lds, lds_ablations, lds_seed, source_scores, target_logprobs
+from peer_methods.measures import kept_sources, lds, lds_masks, lds_seed, source_scores, target_logprobs
 from peer_methods.methods import METHODS
-from peers import examples_of, parse_args, read_results
 
 from captum_cw.models import load_model
 
 
-def banzhaf(model, encoded) -> np.ndarray:
+def subset_logprobs(model, encoded) -> dict[tuple[bool, ...], float]:
+    r"""The target log-probability with each subset of the sources kept (the others' tokens deleted)."""
+    subsets = list(itertools.product((False, True), repeat=len(encoded.sources)))
+    values = target_logprobs(model, [kept_sources(encoded, subset) for subset in subsets], encoded.target)
+    return dict(zip(subsets, values.tolist()))
+
+
+def banzhaf(value: dict[tuple[bool, ...], float]) -> np.ndarray:
     r"""``(sources,)`` each source's mean effect on the target log-probability over every subset of the others."""
-    count = len(encoded.sources)
-    subsets = list(itertools.product((False, True), repeat=count))  # kept sources
-    rows = [_without(encoded, [p for s, kept in enumerate(subset) if not kept for p in encoded.sources[s]])
-            for subset in subsets]
-    value = dict(zip(subsets, target_logprobs(model, rows, encoded.target)))
-    return np.array([np.mean([value[s[:i] + (True,) + s[i + 1:]] - value[s] for s in subsets if not s[i]])
+    count = len(next(iter(value)))
+    return np.array([np.mean([value[s[:i] + (True,) + s[i + 1:]] - value[s] for s in value if not s[i]])
                      for i in range(count)])
 
 
@@ -54,20 +57,15 @@ def main() -> None:
     methods = args.methods.split(",")
     if "attnlrp" in methods:
         import peer_methods.attnlrp  # noqa: F401  (registers it; needs lxt)
-    folder = RUNS / args.model
-    records = read_results(folder / "results.jsonl")
-    answered = {r["example"] for r in records if r["method"] == "answered" and r["correct"]}
-    style = json.loads((folder / "settings.json").read_text(encoding="utf-8"))["style"]
-    examples = [e for tasks, n in TASKS[args.model] for e in examples_of(parse_args(["--tasks", tasks, "--n", str(n),
-                                                                                      "--out", str(folder)]))
-                if e.id in answered]
+    examples, style, _ = answered_examples(args.model)
     model, tokenizer = load_model(args.model, attn_implementation="eager")
     rows = []
     for example in tqdm(examples, desc=args.model):
         encoded = encode_example(tokenizer, example, style)
-        ablations = lds_ablations(model, encoded, 16, lds_seed(example.id))  # the peers run's own ablations
-        per_source = {"banzhaf": banzhaf(model, encoded), "evidence only": np.eye(len(encoded.sources))[
-            example.evidence]}
+        value = subset_logprobs(model, encoded)
+        masks = lds_masks(len(encoded.sources), 16, lds_seed(example.id))  # the peers run's own ablations
+        ablations = masks, np.array([value[tuple(mask.tolist())] for mask in masks])
+        per_source = {"banzhaf": banzhaf(value), "evidence only": np.eye(len(encoded.sources))[example.evidence]}
         per_source.update({name: source_scores(encoded, METHODS[name].score(model, tokenizer, encoded)[0], "token")
                            for name in methods})
         distractors = [s for s in range(len(encoded.sources)) if s != example.evidence]

@@ -30,7 +30,7 @@ from captum_cw.selection import select_indices
 from captum_cw.target_contributions import TARGET_ROWS, target_objective, target_scores
 from captum_cw.tasks.context import token_sources
 
-__all__ = ["SOURCE_METHODS", "SourceAttribution", "SourceContributions"]
+__all__ = ["KNOCKOUT_INTERVAL", "SOURCE_METHODS", "SourceAttribution", "SourceContributions"]
 
 SOURCE_METHODS = ("contributions", "knockout")
 KNOCKOUT_INTERVAL = (0.0, 0.1)

@@ -16,8 +16,8 @@ from torch import nn
 
 from .encoding import EncodedExample
 
-__all__ = ["KS", "lds", "lds_ablations", "lds_seed", "measure", "source_scores", "spearman", "target_logprobs",
-           "tied_top_share"]
+__all__ = ["KS", "kept_sources", "lds", "lds_ablations", "lds_masks", "lds_seed", "measure", "source_scores",
+           "spearman", "target_logprobs", "tied_top_share"]
 
 KS = (1, 3, 5)  # comp@k and suff@k: tokens removed or kept
 
@@ -101,11 +101,18 @@ def lds_ablations(model: nn.Module, encoded: EncodedExample, count: int, seed: i
     Returns:
         ``(masks (count, sources) bool: kept, logprobs (count,))``.
     """
-    rng = np.random.default_rng(seed)
-    masks = rng.random((count, len(encoded.sources))) < 0.5  # [count, sources]
-    rows = [_without(encoded, [p for s, keep in enumerate(mask) if not keep for p in encoded.sources[s]])
-            for mask in masks]
-    return masks, target_logprobs(model, rows, encoded.target)
+    masks = lds_masks(len(encoded.sources), count, seed)
+    return masks, target_logprobs(model, [kept_sources(encoded, mask) for mask in masks], encoded.target)
+
+
+def lds_masks(sources: int, count: int, seed: int) -> np.ndarray:
+    r"""``(count, sources)`` bool: which sources each of :func:`lds_ablations`'s ablations keeps (rate 0.5)."""
+    return np.random.default_rng(seed).random((count, sources)) < 0.5
+
+
+def kept_sources(encoded: EncodedExample, kept: Sequence[bool]) -> list[int]:
+    r"""The prompt's ids with the tokens of every source not ``kept`` deleted."""
+    return _without(encoded, [p for s, keep in enumerate(kept) if not keep for p in encoded.sources[s]])
 
 
 def lds(per_source: np.ndarray, ablations: tuple[np.ndarray, np.ndarray]) -> float:

@@ -21,6 +21,7 @@ from torch import nn
 
 from captum_cw import TokenContributions
 from captum_cw.knockout_gradients import knockout_gradients
+from captum_cw.sources import KNOCKOUT_INTERVAL
 
 from .encoding import EncodedExample
 
@@ -177,7 +178,7 @@ for _name, _aggregation, _rows in (("cw_target", "mean", "explained"), ("cw_targ
                                    ("cw_target_all", "mean", "all"), ("cw_target_magnitude", "magnitude", "explained")):
     register(PeerMethod(_name, token_contributions("cw_inter", _aggregation, _rows)))
 register(PeerMethod("cw_knockout", knockout((0.0, 1.0))))  # read at t = 1/2
-register(PeerMethod("cw_knockout_early", knockout((0.0, 0.1))))  # read at t = 0.05
+register(PeerMethod("cw_knockout_early", knockout(KNOCKOUT_INTERVAL)))  # SourceContributions' reading, t = 0.05
 register(PeerMethod("random", random_scores))
 register(PeerMethod("answer_copy", answer_copy))
 register(PeerMethod("feature_ablation", feature_ablation))

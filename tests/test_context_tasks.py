@@ -3,7 +3,7 @@
 import pytest
 
 from captum_cw.errors import InputError
-from captum_cw.tasks.context import CONTEXT_TASKS, JOBS, context_examples, encode_context, prompt_text
+from captum_cw.tasks.context import CITIES, CONTEXT_TASKS, JOBS, context_examples, encode_context, prompt_text
 
 TASKS = sorted(CONTEXT_TASKS)
 
@@ -39,6 +39,14 @@ def test_a_choice_letter_names_the_evidence_city_and_every_city_is_an_option():
         assert evidence == f"{evidence.split(' lives in ')[0]} lives in {options[example.answer.strip()]}. "
         assert sorted(options.values()) == sorted(s.split(" lives in ")[1][:-2] for s in example.sources)
 
+
+def test_a_word_choice_lists_every_source_country_and_the_evidence_city_implies_the_answer():
+    for example in context_examples("country_choice", 30, seed=2, distractors=3):
+        listed = example.question.split(" live in: ")[1].split("?")[0].replace(" or ", ", ").split(", ")
+        assert sorted(listed) == sorted(c.strip() for c in example.candidates)
+        name, city = example.sources[example.evidence][:-2].split(" lives in ")
+        assert f"does {name} live in" in example.question
+        assert example.answer == f" {CITIES[city]}"
 
 def test_examples_are_seeded_and_differ_across_seeds():
     first = context_examples("job_of_description", 10, seed=3, distractors=2)

@@ -200,6 +200,17 @@ def _where_choice(rng: random.Random, distractors: int) -> tuple[list[str], str,
             [f" {letter}" for letter in LETTERS[:len(sources)]], asked)
 
 
+def _country_choice(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    r"""A multiple-choice question whose options are words: every source's country, in a random order, stands in
+    the question; the evidence names the asked person's city, which implies the answer without stating it
+    (``"Tom lives in Lyon."``, then ``"Which country does Tom live in: Spain, France or Italy?"`` -> ``" France"``)."""
+    sources, _, answer, candidates, asked = _country_of_city(rng, distractors)
+    name = sources[asked].split(" lives in ")[0]
+    options = [candidates[source].strip() for source in rng.sample(range(len(sources)), len(sources))]
+    listed = ", ".join(options[:-1]) + f" or {options[-1]}"
+    return sources, f"\nQuestion: Which country does {name} live in: {listed}?\nAnswer:", answer, candidates, asked
+
+
 CONTEXT_TASKS: dict[str, ContextTask] = {task.name: task for task in (
     ContextTask("who_lives_where", "'Anna lives in Paris. Tom lives in Rome. ...' then 'Tom lives in'", True,
                 _who_lives_where),
@@ -216,6 +227,8 @@ CONTEXT_TASKS: dict[str, ContextTask] = {task.name: task for task in (
                 _yes_no, per_source=False),
     ContextTask("where_choice", "who lives where, then 'Question: Where does Tom live?\\nA. Rome\\nB. Paris\\nAnswer:' "
                 "(a letter)", False, _where_choice, per_source=False),
+    ContextTask("country_choice", "who lives where, then 'Question: Which country does Tom live in: Spain, Italy "
+                "or France?\\nAnswer:' (the options are words; the evidence names the city)", False, _country_choice),
 )}
 
 

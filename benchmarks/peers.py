@@ -8,9 +8,10 @@ with its reason). An example counts only where the model answers it: the argmax 
 tokens is the answer's. ``--boolq-data FILE`` adds BoolQ passages (hub schema), the model's own yes/no answer
 as the target; their evidence is unknown, so they give no pointing. Results go to ``OUT/results.jsonl``, one
 line per example and method, flushed as written: rerunning the command skips what is done. The table of
-each model replaces its own section of ``--table`` (between ``<!-- peers:MODEL -->`` markers), the rest of
-the file is kept. ``--report-only`` writes the table from the results so far (the same in any environment: it
-lists no missing peer). docs/PEERS.md says what each measure is and what was changed in each peer to run offline.
+each model replaces its own section of ``--table`` (between ``<!-- peers:MODEL -->`` markers; ``--section``
+names another, so one file holds several runs), the rest of the file is kept. ``--report-only`` writes the
+table from the results so far (the same in any environment: it lists no missing peer). docs/PEERS.md says
+what each measure is and what was changed in each peer to run offline.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ __all__ = ["answered", "main", "run_example", "sign_test", "summary_table"]
 
 MEASURES = ("pointing", "evidence_mass", "comp@1", "comp@3", "comp@5", "suff@1", "suff@3", "suff@5",
             "source_comp@1", "lds", "time_ratio")
-PAIRED = ("pointing", "comp@1", "source_comp@1")  # sign-tested against the reference method
+PAIRED = ("pointing", "comp@1", "source_comp@1", "lds")  # sign-tested against the reference method
 
 
 def _clock(model) -> float:
@@ -179,9 +180,10 @@ GROUPS = {"all ground-truth tasks": lambda r: r["task"] != "boolq",
 
 
 def summary_table(records: list[dict], model_name: str, methods: Sequence[str], reference: str,
-                  skipped: dict[str, str]) -> str:
-    r"""The Markdown section of one model: accuracy per task, then one table per group of tasks."""
-    lines = [f"<!-- peers:{model_name} -->", f"### {model_name}", ""]
+                  skipped: dict[str, str], marker: str = "peers") -> str:
+    r"""The Markdown section of one model (between ``<!-- marker:model_name -->`` comments): accuracy per task, then
+    one table per group of tasks."""
+    lines = [f"<!-- {marker}:{model_name} -->", f"### {model_name}", ""]
     answers = [r for r in records if r["method"] == "answered"]
     for task in sorted({r["task"] for r in answers}):
         hits = [r["correct"] for r in answers if r["task"] == task]
@@ -195,7 +197,7 @@ def summary_table(records: list[dict], model_name: str, methods: Sequence[str], 
         if group:
             lines += ["", f"**{title}** (mean [95% bootstrap interval]; sign test against {reference})", ""]
             lines += _group_table(group, methods, reference)
-    lines.append(f"<!-- /peers:{model_name} -->")
+    lines.append(f"<!-- /{marker}:{model_name} -->")
     return "\n".join(lines) + "\n"
 
 
@@ -246,6 +248,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lds-ablations", type=int, default=32, help="random source ablations of the LDS (0: none)")
     parser.add_argument("--out", required=True, help="folder of results.jsonl (of OUT/MODEL/ for several models)")
     parser.add_argument("--table", help="Markdown file whose section for this model is rewritten")
+    parser.add_argument("--section", default="peers",
+                        help="the section's marker in --table (<!-- SECTION:MODEL -->), so one file holds several runs")
     parser.add_argument("--device", default=None)
     parser.add_argument("--report-only", action="store_true")
     return parser.parse_args(argv)
@@ -268,8 +272,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_model(model_source, out, runnable, args)
         if args.table:
             section = summary_table(read_results(out / "results.jsonl"), Path(model_source).name, names,
-                                    args.reference, skipped)
-            write_section(Path(args.table), section, Path(model_source).name)
+                                    args.reference, skipped, args.section)
+            write_section(Path(args.table), section, Path(model_source).name, args.section)
 
 
 def check_settings(out: Path, settings: dict) -> None:

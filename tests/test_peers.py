@@ -199,6 +199,11 @@ def test_harness_runs_resumes_and_writes_its_table(smollm2, tmp_path, monkeypatc
     text = table.read_text()
     assert text.startswith("# Kept\n\ntext\n") and text.count("<!-- peers:smollm2-135m -->") == 1
     assert "| cw_mean |" in text and "| answer_copy |" in text and "BoolQ" in text
+    assert "vs cw_mean: lds (wins/losses)" in text
+    peers.main([*argv, "--section", "heldout", "--report-only"])  # a second section of the same file
+    both = table.read_text()
+    assert both.startswith(text.rstrip("\n")) and both.count("<!-- heldout:smollm2-135m -->") == 1
+    assert both.count("<!-- /heldout:smollm2-135m -->") == 1 and both.count("<!-- peers:smollm2-135m -->") == 1
 
 
 def test_a_method_is_one_registry_entry(smollm2, example):

@@ -5,9 +5,9 @@ every subset of its sources (deleting the others' tokens, as the LDS does) and c
 value: its mean effect on log p(answer) over the subsets of the other sources, the least-squares additive model
 of random half-ablations, so the best an additive score can do on the LDS. It then scores on the run's own 16
 seeded half-ablations (read off those subsets; ``peer_methods.measures.lds``): the Banzhaf values, the evidence's
-indicator (1 on the evidence, 0 elsewhere) and the methods of ``--methods`` (token scores summed per source), and
-counts for each the share of distractor sources it scores above zero (Banzhaf's share says what sign a distractor
-deserves).
+indicator (1 on the evidence, 0 elsewhere) and the methods of ``--methods`` (token scores summed per source,
+source-level ones such as ContextCite's as they are), and counts for each the share of distractor sources it
+scores above zero (Banzhaf's share says what sign a distractor deserves).
 
 Usage::
 
@@ -55,8 +55,6 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     methods = args.methods.split(",")
-    if "attnlrp" in methods:
-        import peer_methods.attnlrp  # noqa: F401  (registers it; needs lxt)
     examples, style, _ = answered_examples(args.model)
     model, tokenizer = load_model(args.model, attn_implementation="eager")
     rows = []
@@ -66,8 +64,8 @@ def main() -> None:
         masks = lds_masks(len(encoded.sources), 16, lds_seed(example.id))  # the peers run's own ablations
         ablations = masks, np.array([value[tuple(mask.tolist())] for mask in masks])
         per_source = {"banzhaf": banzhaf(value), "evidence only": np.eye(len(encoded.sources))[example.evidence]}
-        per_source.update({name: source_scores(encoded, METHODS[name].score(model, tokenizer, encoded)[0], "token")
-                           for name in methods})
+        per_source.update({name: source_scores(encoded, METHODS[name].score(model, tokenizer, encoded)[0],
+                                               METHODS[name].level) for name in methods})
         distractors = [s for s in range(len(encoded.sources)) if s != example.evidence]
         row = {"id": example.id, "task": example.task}
         for name, values in per_source.items():

@@ -9,7 +9,7 @@ indicator (1 on the evidence, 0 elsewhere) and the methods of ``--methods`` (tok
 source-level ones such as ContextCite's as they are), and counts for each the share of distractor sources it
 scores above zero (Banzhaf's share says what sign a distractor deserves).
 
-Usage::
+Usage (``--report-only`` prints the table of a kept run)::
 
     python benchmarks/lds_anatomy.py --model gemma-3-270m --out benchmarks/runs/lds_anatomy/gemma-3-270m.json
 """
@@ -48,12 +48,38 @@ def banzhaf(value: dict[tuple[bool, ...], float]) -> np.ndarray:
                      for i in range(count)])
 
 
+def summary_table(rows: list[dict], model_name: str) -> str:
+    r"""Markdown: per method and task, the mean LDS, the share of distractors scored above zero, and the evidence's
+    share of the scores' absolute sum (how far the evidence dominates)."""
+    tasks = sorted({row["task"] for row in rows})
+    names = [key for key in rows[0] if key not in ("id", "task")]
+    lines = [f"{model_name}: LDS / distractors scored positive / evidence's share of the absolute scores",
+             "", "| | " + " | ".join(f"{task} (n {sum(r['task'] == task for r in rows)})" for task in tasks) + " |",
+             "|---|" + "---|" * len(tasks)]
+    for name in names:
+        cells = []
+        for task in tasks:
+            group = [row for row in rows if row["task"] == task]
+            shares = [abs(s[e]) / max(np.abs(s).sum(), 1e-12) for s, e in  # e: the evidence, where its indicator is 1
+                      ((np.asarray(row[name]["source_scores"]), int(np.argmax(row["evidence only"]["source_scores"])))
+                       for row in group)]
+            cells.append(f"{np.nanmean([row[name]['lds'] for row in group]):.2f} / "
+                         f"{np.mean([row[name]['distractors_positive'] for row in group]):.2f} / "
+                         f"{np.mean(shares):.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--model", default="smollm2-135m", choices=sorted(TASKS))
-    parser.add_argument("--methods", default="cw_knockout,attnlrp,feature_ablation")
+    parser.add_argument("--methods", default="cw_knockout,cw_knockout_early,attnlrp,feature_ablation,contextcite_32")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--report-only", action="store_true", help="print the table of --out without running")
     args = parser.parse_args()
+    if args.report_only:
+        print(summary_table(json.loads(Path(args.out).read_text(encoding="utf-8")), args.model))
+        return
     methods = args.methods.split(",")
     examples, style, _ = answered_examples(args.model)
     model, tokenizer = load_model(args.model, attn_implementation="eager")
@@ -74,12 +100,7 @@ def main() -> None:
         rows.append(row)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows) + "\n", encoding="utf-8")
-    for task in sorted({row["task"] for row in rows}):
-        group = [row for row in rows if row["task"] == task]
-        for name in per_source:
-            mean_lds = np.nanmean([row[name]["lds"] for row in group])
-            positive = np.mean([row[name]["distractors_positive"] for row in group])
-            print(f"{task} (n {len(group)}) {name}: LDS {mean_lds:.3f}, distractors scored positive {positive:.2f}")
+    print(summary_table(rows, args.model))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ never on docs/ itself, and its text must equal the committed page:
   temporary folder so that the paths the page prints are the repository's; the summaries it keeps as JSON next to
   the plots must match the committed ones too. Needs the task files in the hub schema, in the folder
   ``$CAPTUM_CW_DATA`` names (MMLU's subjects are read from them); skipped without them.
-- ``<!-- peers:MODEL -->`` sections: ``benchmarks/peers.py`` on ``benchmarks/runs/peers/MODEL``, against the
-  reference method the section names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
+- ``<!-- peers:MODEL -->`` sections (and ``peers-heldout``, ``peers-many``): ``benchmarks/peers.py`` on
+  ``benchmarks/runs/peers/MODEL`` (``peers_heldout``, ``peers_many``), against the reference method the section
+  names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
   ``benchmarks/runs/layer_pointing/MODEL``; ``<!-- task-accuracy:MODEL -->`` sections:
   ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``.
 - docs/PAPER_REPRODUCTION.md: ``benchmarks/paper_reproduction.py`` on ``benchmarks/runs/paper`` (none kept yet:
@@ -40,8 +41,10 @@ DOCS = REPO / "docs"
 RUNS = REPO / "benchmarks" / "runs"
 DATA = Path(os.environ["CAPTUM_CW_DATA"]) if "CAPTUM_CW_DATA" in os.environ else None
 REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py ([^`]*)`", re.MULTILINE)
-SECTION = re.compile(r"^<!-- (peers|layers|task-accuracy):([\w.-]+) -->$", re.MULTILINE)  # a line, not a mention
-SECTION_RUNS = {"peers": "peers", "layers": "layer_pointing", "task-accuracy": "task_accuracy"}  # kind: runs folder
+SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many": "peers_many",
+                "layers": "layer_pointing", "task-accuracy": "task_accuracy"}  # kind: runs folder
+SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
+PEERS_KINDS = ("peers", "peers-heldout", "peers-many")  # benchmarks/peers.py's sections (its --section)
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
 # tables whose run folders were lost before the runs were kept; their kept summaries stand until they are rerun
 # (issue #26: "Gemma's layer-level MC run folders are cited but not kept"). Remove an entry once its folder is kept.
@@ -141,16 +144,20 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
             run_script(str(REPO / "benchmarks" / "task_accuracy.py"), ["--report-only", "--model", model, "--out",
                                                                        str(accuracy), "--table", str(table)], folder)
             continue
-        peers = folder / "peers" / model
+        peers = folder / "peers" / model  # the layer sections read the main peers run too
         if not peers.exists():
             copy_folder(runs / "peers" / model, peers)
-        if kind == "peers":
-            section = text[text.index(f"<!-- peers:{model} -->"):text.index(f"<!-- /peers:{model} -->")]
+        if kind in PEERS_KINDS:
+            run = folder / SECTION_RUNS[kind] / model
+            if not run.exists():
+                copy_folder(runs / SECTION_RUNS[kind] / model, run)
+            section = text[text.index(f"<!-- {kind}:{model} -->"):text.index(f"<!-- /{kind}:{model} -->")]
             references = set(re.findall(r"sign test against ([\w.-]+)\)", section))
             assert len(references) <= 1, f"{page.name}: the {model} section mixes references {references}"
             reference = ["--reference", references.pop()] if references else []
             run_script(str(REPO / "benchmarks" / "peers.py"), ["--report-only", "--model", model, *reference,
-                                                               "--out", str(peers), "--table", str(table)], folder)
+                                                               "--out", str(run), "--table", str(table),
+                                                               "--section", kind], folder)
         else:
             layers = folder / "layer_pointing" / model
             copy_folder(runs / "layer_pointing" / model, layers)

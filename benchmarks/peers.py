@@ -271,7 +271,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         out = Path(args.out) / Path(model_source).name if len(models) > 1 else Path(args.out)
         run_model(model_source, out, runnable, args)
         if args.table:
-            section = summary_table(read_results(out / "results.jsonl"), Path(model_source).name, names,
+            ordered = [name for name in METHODS if name in names]  # the registry's order, whatever --methods says
+            section = summary_table(read_results(out / "results.jsonl"), Path(model_source).name, ordered,
                                     args.reference, skipped, args.section)
             write_section(Path(args.table), section, Path(model_source).name, args.section)
 

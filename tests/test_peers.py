@@ -200,8 +200,12 @@ def test_harness_runs_resumes_and_writes_its_table(smollm2, tmp_path, monkeypatc
     assert text.startswith("# Kept\n\ntext\n") and text.count("<!-- peers:smollm2-135m -->") == 1
     assert "| cw_mean |" in text and "| answer_copy |" in text and "BoolQ" in text
     assert "vs cw_mean: lds (wins/losses)" in text
-    peers.main([*argv, "--section", "heldout", "--report-only"])  # a second section of the same file
+    # a second section of the same file; its rows in the registry's order, whatever order --methods gives
+    peers.main([*argv, "--methods", ",".join(reversed(CHEAP)), "--section", "heldout", "--report-only"])
     both = table.read_text()
+    heldout = both[both.index("<!-- heldout:smollm2-135m -->"):]
+    rows = [line.split(" | ")[0][2:] for line in heldout.splitlines() if line.startswith("| ")]
+    assert rows[:len(CHEAP) + 1] == ["method", *sorted(CHEAP, key=list(METHODS).index)]
     assert both.startswith(text.rstrip("\n")) and both.count("<!-- heldout:smollm2-135m -->") == 1
     assert both.count("<!-- /heldout:smollm2-135m -->") == 1 and both.count("<!-- peers:smollm2-135m -->") == 1
 

@@ -252,6 +252,7 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
             return function(module, query, key, value, attention_mask, **kwargs)
         kernel = functools.cache(lambda: function(module, query, key, value, attention_mask, **kwargs))
         attention_output = None  # [batch, query, head, d_head], once a capture replaced it
+        weights = None  # [batch, head, query, key] or None: the replacing capture's own, where it gave them
         scaling = kwargs.get("scaling")
         for capture in owners:
             replacement = capture.on_call(
@@ -271,10 +272,14 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
                     rerun=lambda *arguments: function(module, *arguments, **kwargs),
                 )
             )
-            if replacement is not None:
-                attention_output = replacement.to(query.dtype)
+            if isinstance(replacement, tuple):  # (output, weights): the kernel's weights are not needed
+                attention_output, weights = replacement[0].to(query.dtype), (replacement[1],)
+            elif replacement is not None:
+                attention_output, weights = replacement.to(query.dtype), None
         if attention_output is None:
             return kernel()
+        if weights is not None:
+            return attention_output, *weights
         if kernel.cache_info().currsize == 0 and name != "eager":  # its weights are None: the kernel can be skipped
             return attention_output, None
         return (attention_output, *kernel()[1:])  # eager's weights (output_attentions), as the model computed them
@@ -310,14 +315,16 @@ def _release(name: str) -> None:
 def capture_attention(
     model: nn.Module,
     modules: list[nn.Module],
-    on_call: Callable[[AttentionCall], Tensor | None],
+    on_call: Callable[[AttentionCall], Tensor | tuple[Tensor, Tensor | None] | None],
 ) -> Iterator[None]:
     r"""
     Calls ``on_call`` with an :class:`AttentionCall` each time one of ``modules``
     runs attention in this thread, inside the ``with`` block. If ``on_call``
     returns a tensor, it replaces the attention output ``(batch, n_query, n_heads,
     d_head)`` (the input of the output projection); otherwise the model runs
-    unchanged.
+    unchanged. A tuple ``(output, weights)`` (weights ``(batch, n_heads, n_query,
+    n_key)`` or None) replaces the weights the call returns too, so that eager
+    attention is not run again only for its weights (``output_attentions``).
 
     Captures may be nested, interleaved and opened from several threads at once:
     one dispatcher per implementation name stays in transformers' registry while
@@ -329,8 +336,8 @@ def capture_attention(
     Args:
         model (nn.Module): the transformers model.
         modules (list[nn.Module]): the attention modules to watch.
-        on_call (Callable): receives each :class:`AttentionCall`, returns None or a
-                    replacement attention output.
+        on_call (Callable): receives each :class:`AttentionCall`, returns None, a
+                    replacement attention output, or ``(output, weights)``.
 
     Raises:
         UnsupportedSetupError: if the model runs ``flex_attention``, whose block masks cannot

@@ -86,9 +86,10 @@ def _checked_interval(interval: tuple[float, float]) -> tuple[float, float]:
     return float(interval[0]), float(interval[1])
 
 
-def _gated(log_gate: Tensor) -> Callable[[AttentionCall], Tensor]:
+def _gated(log_gate: Tensor) -> Callable[[AttentionCall], tuple[Tensor, Tensor | None]]:
     r"""An attention capture that reruns the model's kernel with ``log_gate`` ``(batch, n)`` added to each key's
-    logits in every row (the mask's own entries kept), queries, keys and values as the model computed them."""
+    logits in every row (the mask's own entries kept), queries, keys and values as the model computed them; the
+    rerun's output and weights replace the call's (the ungated kernel never runs)."""
     def on_call(call: AttentionCall) -> Tensor:
         if call.implementation not in ("eager", "sdpa") or call.rerun is None:
             raise UnsupportedSetupError(f"knockout_gradients gates the attention mask of eager or sdpa attention, "
@@ -101,7 +102,8 @@ def _gated(log_gate: Tensor) -> Callable[[AttentionCall], Tensor]:
             allowed = call.allowed_keys(torch.arange(call.query.shape[2], device=call.query.device))
             base = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
         mask = base + log_gate[:, None, None, -call.key.shape[2]:].to(dtype)  # [batch, 1, query, key]
-        return call.rerun(call.query, call.key, call.value, mask)[0]
+        output, weights = call.rerun(call.query, call.key, call.value, mask)[:2]
+        return output, weights
     return on_call
 
 

@@ -58,6 +58,7 @@ def test_a_row_without_allowed_keys_is_zero_not_nan(as_bool):
 
 # --- thread and nesting safety of the registry patch ---
 
+import sys  # noqa: E402
 import threading  # noqa: E402
 
 from transformers.modeling_utils import AttentionInterface  # noqa: E402
@@ -149,3 +150,34 @@ def test_nested_replacements_compose_outermost_first():
         plain = model(ids).logits
     torch.testing.assert_close(seen[0], seen[1] * 2)
     assert not torch.allclose(doubled, plain)
+
+
+def test_a_replacement_with_weights_skips_the_eager_kernel_and_returns_its_weights(monkeypatch):
+    model = FAMILIES["llama"].build()
+    model.set_attn_implementation("eager")
+    ids, _ = example_inputs(FAMILIES["llama"])
+    attention = find_attention_layers(model)[0].attention
+    module = sys.modules[type(attention).__module__]
+    original, runs = module.eager_attention_forward, []
+
+    def counted(*arguments, **kwargs):
+        runs.append(kwargs.get("attention_mask", arguments[4] if len(arguments) > 4 else None))
+        return original(*arguments, **kwargs)
+
+    monkeypatch.setattr(module, "eager_attention_forward", counted)
+
+    def halved_first_key(call):  # gate key 0 by 1/2 in every row: weights differ from the ungated kernel's
+        gate = torch.zeros(call.key.shape[2])
+        gate[0] = math.log(0.5)
+        return call.rerun(call.query, call.key, call.value, call.mask + gate)[:2]
+
+    with capture_attention(model, [attention], halved_first_key):
+        gated = model(ids, output_attentions=True)
+    assert len(runs) == 2  # the rerun in layer 0 and layer 1's plain call: layer 0's own kernel never ran
+    plain = model(ids, output_attentions=True)
+    weights, plain_weights = gated.attentions[0], plain.attentions[0]  # [batch, head, query, key]
+    torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
+    expected = plain_weights.clone()
+    expected[..., 0] *= 0.5
+    expected /= expected.sum(-1, keepdim=True)
+    torch.testing.assert_close(weights, expected)

@@ -219,7 +219,7 @@ class _Capture:
 
     modules: tuple[nn.Module, ...]  # kept alive so that their ids stay theirs
     module_ids: frozenset[int]
-    on_call: Callable[[AttentionCall], Tensor | None]
+    on_call: Callable[[AttentionCall], Tensor | tuple[Tensor, Tensor | None] | None]
 
 
 # The captures active in this thread (or task), outermost first. Threads start with an empty tuple, so a

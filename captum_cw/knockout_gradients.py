@@ -90,7 +90,7 @@ def _gated(log_gate: Tensor) -> Callable[[AttentionCall], tuple[Tensor, Tensor |
     r"""An attention capture that reruns the model's kernel with ``log_gate`` ``(batch, n)`` added to each key's
     logits in every row (the mask's own entries kept), queries, keys and values as the model computed them; the
     rerun's output and weights replace the call's (the ungated kernel never runs)."""
-    def on_call(call: AttentionCall) -> Tensor:
+    def on_call(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         if call.implementation not in ("eager", "sdpa") or call.rerun is None:
             raise UnsupportedSetupError(f"knockout_gradients gates the attention mask of eager or sdpa attention, "
                                         f"not {call.implementation!r}: load the model with attn_implementation="

@@ -8,11 +8,14 @@ example by example against the LDS the run recorded for ``--compare``'s methods.
 the context (``gradient_sum``: the path's integrand there) show where along the path the gradient lies.
 
 A point ``igK`` is the mean of the gradients at the ``K`` midpoints of the path (Integrated Gradients with ``K``
-steps, ``2K`` passes). A point with the suffix ``:lrp`` (``0.5:lrp``) reads the gradient with AttnLRP's rules
-bound on the model (lxt's, ``peer_methods.attnlrp``: the norms' scales and the MLPs' gates held constant in the
-backward pass, the gradient into queries, keys and values divided by 4, 4 and 2). The gate here is built
-independently of the package: the model's eager attention reads a 4D float mask holding causality and ``log t``
-on the context's keys. ``cw_target`` and ``cw_target_magnitude`` are scored beside it.
+steps, ``2K`` passes). ``adaptive`` reads one gate per example, ``(1 - c) / (2 - c)`` with ``c`` the context's
+share of the explained row's attention; ``randK`` reads each source's tokens knocked out (0.05) amid ``K`` random
+half-subsets of the other sources and their complements (``2K`` passes, each source read ``K`` times). A point
+with the suffix ``:lrp`` (``0.5:lrp``) reads the gradient with AttnLRP's rules bound on the model (lxt's,
+``peer_methods.attnlrp``: the norms' scales and the MLPs' gates held constant in the backward pass, the gradient
+into queries, keys and values divided by 4, 4 and 2). The gate here is built independently of the package: the
+model's eager attention reads a 4D float mask holding causality and ``log t`` on the context's keys.
+``cw_target`` and ``cw_target_magnitude`` are scored beside it.
 
 Usage::
 
@@ -26,6 +29,8 @@ Usage::
         --out benchmarks/runs/knockout_points/gemma-3-270m-lrp.json
     python benchmarks/knockout_points.py --model gemma-3-270m --runs benchmarks/runs/peers_heldout \\
         --points 1,0.5,0.25,0.1,0.05 --out benchmarks/runs/knockout_points/gemma-3-270m-heldout.json
+    python benchmarks/knockout_points.py --model gemma-3-270m --points 0.05,adaptive,rand2 \\
+        --out benchmarks/runs/knockout_points/gemma-3-270m-other.json
 """
 
 from __future__ import annotations
@@ -130,9 +135,47 @@ def mixture_gradient(model, encoded, point: float) -> np.ndarray:
     return scores
 
 
+def adaptive_point(model, encoded) -> float:
+    r"""``(1 - c) / (2 - c)``, ``c`` the context's share of the explained row's attention (mean over layers and
+    heads): the gate at which a row with that share keeps half of it, ``t c / (t c + 1 - c) = c / 2``."""
+    with torch.no_grad():
+        attentions = model(input_ids=encoded.input_ids, output_attentions=True).attentions  # [1, h, n, n] each
+    share = torch.stack([a[0, :, -1, encoded.context].float().sum(-1).mean() for a in attentions]).mean().item()
+    return (1 - share) / (2 - share)
+
+
+def random_contexts_gradient(model, encoded, pairs: int, knocked: float = 0.05) -> np.ndarray:
+    r"""``(n,)`` each context token's gate gradient where its source is knocked out (gate ``knocked``) and each other
+    source kept or knocked out at random: ``pairs`` random source subsets and their complements (each source
+    knocked out in exactly one of a pair), the mean of a token's readings."""
+    n, sources = encoded.n, encoded.sources
+    rng = np.random.default_rng(lds_seed(encoded.example.id) + 1)  # not the LDS ablations' own draw
+    total, count = np.zeros(n), np.zeros(n)
+    for _ in range(pairs):
+        kept = rng.random(len(sources)) < 0.5
+        for subset in (kept, ~kept):
+            gates = np.ones(n)
+            for source, keep in zip(sources, subset, strict=True):
+                gates[source] = 1.0 if keep else knocked
+            log_gate = torch.tensor(np.log(gates), dtype=torch.float32).requires_grad_()
+            causal = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)  # [n, n]
+            mask = (causal + log_gate[None, :])[None, None]  # [1, 1, n, n]
+            logits = model(input_ids=encoded.input_ids, attention_mask=mask, logits_to_keep=1).logits[0, -1]
+            (gradient,) = torch.autograd.grad(logits.float().log_softmax(-1)[encoded.target], log_gate)
+            out = gates < 1
+            total[out] += gradient.double().numpy()[out] / knocked
+            count[out] += 1
+    return np.where(count > 0, total / np.maximum(count, 1), 0.0)
+
+
 def path_gradient(model, encoded, point: str) -> np.ndarray:
     r"""``gate_gradient`` at a point (``"0.5"``), or its mean over the ``K`` midpoints of the path (``"igK"``);
-    through AttnLRP's rules with the suffix ``":lrp"``."""
+    through AttnLRP's rules with the suffix ``":lrp"``; at :func:`adaptive_point` (``"adaptive"``); or
+    :func:`random_contexts_gradient` with ``K`` pairs (``"randK"``)."""
+    if point == "adaptive":
+        return gate_gradient(model, encoded, adaptive_point(model, encoded))
+    if point.startswith("rand"):
+        return random_contexts_gradient(model, encoded, int(point[4:]))
     if point.endswith(":lrp"):
         from peer_methods.attnlrp import attnlrp_rules
 
@@ -164,7 +207,8 @@ def main() -> None:
     for example in tqdm(examples, desc=args.model):
         encoded = encode_example(tokenizer, example, style)
         ablations = lds_ablations(model, encoded, 16, lds_seed(example.id))  # the peers run's own ablations
-        scores = {point if point.startswith(("ig", "mix")) or point.endswith(":lrp") else f"gate {float(point):g}":
+        scores = {point if point.startswith(("ig", "mix", "rand", "adaptive")) or point.endswith(":lrp")
+                  else f"gate {float(point):g}":
                   path_gradient(model, encoded, point) for point in points}
         scores.update({name: METHODS[name].score(model, tokenizer, encoded)[0]
                        for name in ("cw_target", "cw_target_magnitude")})

@@ -152,3 +152,20 @@ def test_bad_input_is_named(change, message):
 def test_a_module_that_is_no_model_is_refused():
     with pytest.raises(UnsupportedArgumentError, match="without a transformers config"):
         knockout_gradients(torch.nn.Linear(2, 2), IDS, CONTEXT, torch.tensor([N - 1]), torch.tensor([TARGET]))
+
+
+def test_the_benchmarks_before_path_computes_the_same_scores(monkeypatch):
+    r"""benchmarks/bench_knockout.py times the gated capture returning the output alone (the ungated eager kernel
+    then runs for its weights as well): the same scores, so its ratio compares like with like."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench_knockout = importlib.import_module("bench_knockout")
+    model = float64_eager("llama")
+    arguments = (model, IDS, CONTEXT, torch.tensor([N - 1]), torch.tensor([TARGET]))
+    now = knockout_gradients(*arguments)
+    monkeypatch.setattr(bench_knockout.knockout_module, "_gated", bench_knockout.output_only)
+    before = knockout_gradients(*arguments)
+    torch.testing.assert_close(before.scores, now.scores, rtol=0, atol=0)

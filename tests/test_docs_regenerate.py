@@ -12,7 +12,8 @@ never on docs/ itself, and its text must equal the committed page:
   ``benchmarks/runs/peers/MODEL`` (``peers_heldout``, ``peers_many``), against the reference method the section
   names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
   ``benchmarks/runs/layer_pointing/MODEL``; ``<!-- task-accuracy:MODEL -->`` sections:
-  ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``.
+  ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``; ``<!-- yes-no-binding:MODEL -->``
+  sections: ``benchmarks/yes_no_binding.py`` on ``benchmarks/runs/yes_no_binding/MODEL``.
 - docs/PAPER_REPRODUCTION.md: ``benchmarks/paper_reproduction.py`` on ``benchmarks/runs/paper`` (none kept yet:
   every cell says "not run").
 
@@ -42,7 +43,8 @@ RUNS = REPO / "benchmarks" / "runs"
 DATA = Path(os.environ["CAPTUM_CW_DATA"]) if "CAPTUM_CW_DATA" in os.environ else None
 REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py ([^`]*)`", re.MULTILINE)
 SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many": "peers_many",
-                "layers": "layer_pointing", "task-accuracy": "task_accuracy"}  # kind: runs folder
+                "layers": "layer_pointing", "task-accuracy": "task_accuracy",
+                "yes-no-binding": "yes_no_binding"}  # kind: runs folder
 SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
 PEERS_KINDS = ("peers", "peers-heldout", "peers-many")  # benchmarks/peers.py's sections (its --section)
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
@@ -132,8 +134,8 @@ def test_faithfulness_page_regenerates(page: Path, tmp_path: Path) -> None:
 
 
 def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
-    r"""Rewrites every peers, layers and task-accuracy section of a copy of ``page`` in ``folder`` from copies of
-    the run folders under ``runs``; returns the copy."""
+    r"""Rewrites every peers, layers, task-accuracy and yes-no-binding section of a copy of ``page`` in ``folder``
+    from copies of the run folders under ``runs``; returns the copy."""
     text = page.read_text(encoding="utf-8")
     table = folder / page.name
     shutil.copy(page, table)
@@ -143,6 +145,12 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
             copy_folder(runs / "task_accuracy" / model, accuracy)
             run_script(str(REPO / "benchmarks" / "task_accuracy.py"), ["--report-only", "--model", model, "--out",
                                                                        str(accuracy), "--table", str(table)], folder)
+            continue
+        if kind == "yes-no-binding":
+            binding = folder / "yes_no_binding" / model
+            copy_folder(runs / "yes_no_binding" / model, binding)
+            run_script(str(REPO / "benchmarks" / "yes_no_binding.py"), ["--report-only", "--model", model, "--out",
+                                                                         str(binding), "--table", str(table)], folder)
             continue
         peers = folder / "peers" / model  # the layer sections read the main peers run too
         if not peers.exists():

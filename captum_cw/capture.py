@@ -252,7 +252,7 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
             return function(module, query, key, value, attention_mask, **kwargs)
         kernel = functools.cache(lambda: function(module, query, key, value, attention_mask, **kwargs))
         attention_output = None  # [batch, query, head, d_head], once a capture replaced it
-        weights = None  # [batch, head, query, key] or None: the replacing capture's own, where it gave them
+        weights = None  # (weights [batch, head, query, key] or None,) where the last replacement gave them
         scaling = kwargs.get("scaling")
         for capture in owners:
             replacement = capture.on_call(
@@ -273,7 +273,9 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
                 )
             )
             if isinstance(replacement, tuple):  # (output, weights): the kernel's weights are not needed
-                attention_output, weights = replacement[0].to(query.dtype), (replacement[1],)
+                output, given = replacement
+                attention_output = output.to(query.dtype)
+                weights = (given.to(query.dtype) if isinstance(given, Tensor) else None,)
             elif replacement is not None:
                 attention_output, weights = replacement.to(query.dtype), None
         if attention_output is None:
@@ -324,7 +326,10 @@ def capture_attention(
     d_head)`` (the input of the output projection); otherwise the model runs
     unchanged. A tuple ``(output, weights)`` (weights ``(batch, n_heads, n_query,
     n_key)`` or None) replaces the weights the call returns too, so that eager
-    attention is not run again only for its weights (``output_attentions``).
+    attention is not run again only for its weights (``output_attentions``); a
+    later capture's plain replacement drops them (the call then returns the
+    kernel's own weights, as for any plain replacement), and ``call.weights``
+    stays the kernel's own for every capture.
 
     Captures may be nested, interleaved and opened from several threads at once:
     one dispatcher per implementation name stays in transformers' registry while

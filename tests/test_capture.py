@@ -181,3 +181,19 @@ def test_a_replacement_with_weights_skips_the_eager_kernel_and_returns_its_weigh
     expected[..., 0] *= 0.5
     expected /= expected.sum(-1, keepdim=True)
     torch.testing.assert_close(weights, expected)
+
+
+def test_a_later_plain_replacement_drops_the_given_weights_and_none_keeps_them():
+    model = FAMILIES["llama"].build()
+    model.set_attn_implementation("eager")
+    ids, _ = example_inputs(FAMILIES["llama"])
+    attention = find_attention_layers(model)[0].attention
+    plain = model(ids, output_attentions=True).attentions[0]  # [batch, head, query, key]
+    uniform = lambda call: (call.output, torch.full_like(plain, 0.25))  # noqa: E731
+    with capture_attention(model, [attention], uniform):
+        with capture_attention(model, [attention], lambda call: None):
+            kept = model(ids, output_attentions=True).attentions[0]
+        with capture_attention(model, [attention], lambda call: call.output * 1.0):
+            dropped = model(ids, output_attentions=True).attentions[0]
+    torch.testing.assert_close(kept, torch.full_like(plain, 0.25))
+    torch.testing.assert_close(dropped, plain)

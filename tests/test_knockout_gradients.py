@@ -156,7 +156,8 @@ def test_a_module_that_is_no_model_is_refused():
 
 def test_the_benchmarks_before_path_computes_the_same_scores(monkeypatch):
     r"""benchmarks/bench_knockout.py times the gated capture returning the output alone (the ungated eager kernel
-    then runs for its weights as well): the same scores, so its ratio compares like with like."""
+    then runs for its weights as well): the same scores, so its ratio compares like with like, and eager attention
+    runs twice per layer there, once now."""
     import importlib
     import sys
     from pathlib import Path
@@ -164,8 +165,14 @@ def test_the_benchmarks_before_path_computes_the_same_scores(monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     bench_knockout = importlib.import_module("bench_knockout")
     model = float64_eager("llama")
+    layers = len(model.model.layers)
+    eager = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    calls, original = [], eager.eager_attention_forward
+    monkeypatch.setattr(eager, "eager_attention_forward", lambda *a, **k: calls.append(1) or original(*a, **k))
     arguments = (model, IDS, CONTEXT, torch.tensor([N - 1]), torch.tensor([TARGET]))
     now = knockout_gradients(*arguments)
+    assert len(calls) == layers
     monkeypatch.setattr(bench_knockout.knockout_module, "_gated", bench_knockout.output_only)
     before = knockout_gradients(*arguments)
+    assert len(calls) == 3 * layers
     torch.testing.assert_close(before.scores, now.scores, rtol=0, atol=0)

@@ -8,10 +8,10 @@ example by example against the LDS the run recorded for ``--compare``'s methods.
 the context (``gradient_sum``: the path's integrand there) show where along the path the gradient lies.
 
 A point ``igK`` is the mean of the gradients at the ``K`` midpoints of the path (Integrated Gradients with ``K``
-steps, ``2K`` passes). ``adaptive`` reads one gate per example, ``(1 - c) / (2 - c)`` with ``c`` the context's
-share of the explained row's attention; ``randK`` reads each source's tokens knocked out (0.05) amid ``K`` random
-half-subsets of the other sources and their complements (``2K`` passes, each source read ``K`` times). A point
-with the suffix ``:lrp`` (``0.5:lrp``) reads the gradient with AttnLRP's rules bound on the model (lxt's,
+steps, ``2K`` passes). ``adaptive`` reads one gate per example, ``(1 - c) / (2 - c)`` with ``c`` the context's share
+of the explained row's attention; ``randK`` reads each source's tokens knocked out (0.05) amid ``K`` random halves
+of the other sources and their complements (``2K`` forward and backward passes, each source read ``K`` times). A
+point with the suffix ``:lrp`` (``0.5:lrp``) reads the gradient with AttnLRP's rules bound on the model (lxt's,
 ``peer_methods.attnlrp``: the norms' scales and the MLPs' gates held constant in the backward pass, the gradient
 into queries, keys and values divided by 4, 4 and 2). The gate here is built independently of the package: the
 model's eager attention reads a 4D float mask holding causality and ``log t`` on the context's keys.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -46,11 +47,13 @@ def _person_and_city(source: str) -> tuple[str, str]:
 
 def asked_three_ways(example: ContextExample) -> dict[str, ContextExample]:
     r"""The example with its question about the evidence's city, a distractor's city and a city no source names
-    (:data:`QUESTION_KINDS`), the context and everything else unchanged."""
+    (drawn at random, seeded by the example's id) (:data:`QUESTION_KINDS`), the context and everything else
+    unchanged."""
     name, stated = _person_and_city(example.sources[example.evidence])
     others = [_person_and_city(source)[1] for k, source in enumerate(example.sources) if k != example.evidence]
     named = {_person_and_city(source)[1] for source in example.sources}
-    absent = next(city for city in CITIES if city not in named)
+    unnamed = sorted(city for city in CITIES if city not in named)
+    absent = unnamed[random.Random(example.id).randrange(len(unnamed))]  # drawn per example, reproducibly
     asked = {"stated": stated, "another's": others[0], "absent": absent}
     return {kind: dataclasses.replace(example, question=example.question.replace(
                 f"Does {name} live in {example.question.split(' live in ')[1].split('?')[0]}?",
@@ -126,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
         temporary = out.with_suffix(".tmp")
         temporary.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
         temporary.replace(out)  # a killed run leaves the previous results whole
+    if not out.exists():
+        raise SystemExit(f"{out} does not exist: run without --report-only first.")
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()]
     section = summary_table(args.model, records)
     print(section)

@@ -57,5 +57,9 @@ def test_log_odds_are_the_models_and_the_table_reports_their_shifts(smollm2, tmp
     row = next(line for line in page.splitlines() if line.startswith("| plain | 1 | 4 |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[6].startswith(f"{reading.mean():.2f} [") and cells[7] == f"{np.mean(reading > 0):.2f}"
+    matching = np.array([r["log_odds"]["another's"] - r["log_odds"]["absent"] for r in records])
+    assert cells[8].startswith(f"{matching.mean():.2f} [") and cells[9] == f"{np.mean(matching > 0):.2f}"
+    yes = [np.mean([r["log_odds"][kind] > 0 for r in records]) for kind in yes_no_binding.QUESTION_KINDS]
+    assert cells[10] == " / ".join(f"{share:.2f}" for share in yes)
     yes_no_binding.main(["--model", "smollm2-135m", "--out", str(out), "--table", str(table), "--report-only"])
     assert table.read_text(encoding="utf-8") == page

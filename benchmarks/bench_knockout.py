@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -65,7 +66,7 @@ def timed_rows(model_name: str, lengths: list[int], repeats: int) -> list[str]:
 
         times = interleaved_times({"forward": forward, "knockout": knockout, "before": knockout_output_only},
                                   repeats)
-        median = {name: sorted(values)[len(values) // 2] for name, values in times.items()}
+        median = {name: statistics.median(values) for name, values in times.items()}
         rows.append(f"| {model_name} | {n} | {median['forward']:.3f} | {median['knockout']:.3f} | "
                     f"{ratio_cell(times['knockout'], times['forward'])} | {median['before']:.3f} | "
                     f"{ratio_cell(times['before'], times['forward'])} | "

@@ -71,18 +71,23 @@ def answered_examples(model_name: str, runs: Path = RUNS) -> tuple[list, str, li
     return examples, settings["style"], records
 
 
-def gate_gradient(model, encoded, point: float) -> np.ndarray:
-    r"""``(n,)`` d log p(answer) / d gate of each context token, every context gate at ``point`` (0 elsewhere)."""
+def gates_gradient(model, encoded, gates: np.ndarray) -> np.ndarray:
+    r"""``(n,)`` d log p(answer) / d gate of every token, with token ``j``'s key gated by ``gates[j]`` ``(n,)``."""
     n = encoded.n
-    log_gate = torch.zeros(n)
-    log_gate[encoded.context] = float(np.log(point))
-    log_gate.requires_grad_()
+    log_gate = torch.tensor(np.log(gates), dtype=torch.float32).requires_grad_()  # [n]
     causal = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)  # [n, n]
     mask = (causal + log_gate[None, :])[None, None]  # [1, 1, n, n]
     logits = model(input_ids=encoded.input_ids, attention_mask=mask, logits_to_keep=1).logits[0, -1]
     (gradient,) = torch.autograd.grad(logits.float().log_softmax(-1)[encoded.target], log_gate)
-    scores = np.zeros(n)
-    scores[encoded.context] = gradient[encoded.context].double().numpy() / point  # d/d gate = d/d log gate / gate
+    return gradient.double().numpy() / gates  # d/d gate = d/d log gate / gate
+
+
+def gate_gradient(model, encoded, point: float) -> np.ndarray:
+    r"""``(n,)`` d log p(answer) / d gate of each context token, every context gate at ``point`` (0 elsewhere)."""
+    gates = np.ones(encoded.n)
+    gates[encoded.context] = point
+    scores = np.zeros(encoded.n)
+    scores[encoded.context] = gates_gradient(model, encoded, gates)[encoded.context]
     return scores
 
 
@@ -157,13 +162,8 @@ def random_contexts_gradient(model, encoded, pairs: int, knocked: float = 0.05) 
             gates = np.ones(n)
             for source, keep in zip(sources, subset, strict=True):
                 gates[source] = 1.0 if keep else knocked
-            log_gate = torch.tensor(np.log(gates), dtype=torch.float32).requires_grad_()
-            causal = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)  # [n, n]
-            mask = (causal + log_gate[None, :])[None, None]  # [1, 1, n, n]
-            logits = model(input_ids=encoded.input_ids, attention_mask=mask, logits_to_keep=1).logits[0, -1]
-            (gradient,) = torch.autograd.grad(logits.float().log_softmax(-1)[encoded.target], log_gate)
             out = gates < 1
-            total[out] += gradient.double().numpy()[out] / knocked
+            total[out] += gates_gradient(model, encoded, gates)[out]
             count[out] += 1
     return np.where(count > 0, total / np.maximum(count, 1), 0.0)
 

@@ -252,7 +252,7 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
             return function(module, query, key, value, attention_mask, **kwargs)
         kernel = functools.cache(lambda: function(module, query, key, value, attention_mask, **kwargs))
         attention_output = None  # [batch, query, head, d_head], once a capture replaced it
-        weights = None  # (weights [batch, head, query, key] or None,) where the last replacement gave them
+        weights, weights_given = None, False  # [batch, head, query, key] or None, where the last replacement gave them
         scaling = kwargs.get("scaling")
         for capture in owners:
             replacement = capture.on_call(
@@ -273,15 +273,15 @@ def _dispatcher(name: str, original: Callable | None) -> Callable:
                 )
             )
             if isinstance(replacement, tuple):  # (output, weights): the kernel's weights are not needed
-                output, given = replacement
-                attention_output = output.to(query.dtype)
-                weights = (given.to(query.dtype) if isinstance(given, Tensor) else None,)
+                output, weights = replacement
+                attention_output, weights_given = output.to(query.dtype), True
+                weights = weights.to(query.dtype) if isinstance(weights, Tensor) else None
             elif replacement is not None:
-                attention_output, weights = replacement.to(query.dtype), None
+                attention_output, weights_given = replacement.to(query.dtype), False
         if attention_output is None:
             return kernel()
-        if weights is not None:
-            return attention_output, *weights
+        if weights_given:
+            return attention_output, weights
         if kernel.cache_info().currsize == 0 and name != "eager":  # its weights are None: the kernel can be skipped
             return attention_output, None
         return (attention_output, *kernel()[1:])  # eager's weights (output_attentions), as the model computed them

@@ -14,7 +14,8 @@ never on docs/ itself, and its text must equal the committed page:
   names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
   ``benchmarks/runs/layer_pointing/MODEL``; ``<!-- task-accuracy:MODEL -->`` sections:
   ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``; ``<!-- yes-no-binding:MODEL -->``
-  sections: ``benchmarks/yes_no_binding.py`` on ``benchmarks/runs/yes_no_binding/MODEL``.
+  sections: ``benchmarks/yes_no_binding.py`` on ``benchmarks/runs/yes_no_binding/MODEL``; ``<!-- versus:MODEL -->``
+  sections: ``benchmarks/versus.py`` on the four peers runs of MODEL, for the two methods the section names.
 - docs/PAPER_REPRODUCTION.md: ``benchmarks/paper_reproduction.py`` on ``benchmarks/runs/paper`` (none kept yet:
   every cell says "not run").
 
@@ -46,7 +47,7 @@ REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py (
 SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many": "peers_many",
                 "peers-many-heldout": "peers_many_heldout",
                 "layers": "layer_pointing", "task-accuracy": "task_accuracy",
-                "yes-no-binding": "yes_no_binding"}  # kind: runs folder
+                "yes-no-binding": "yes_no_binding", "versus": "peers"}  # kind: runs folder (versus: the first)
 SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
 PEERS_KINDS = ("peers", "peers-heldout", "peers-many", "peers-many-heldout")  # peers.py's sections (--section)
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
@@ -136,8 +137,8 @@ def test_faithfulness_page_regenerates(page: Path, tmp_path: Path) -> None:
 
 
 def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
-    r"""Rewrites every peers, layers, task-accuracy and yes-no-binding section of a copy of ``page`` in ``folder``
-    from copies of the run folders under ``runs``; returns the copy."""
+    r"""Rewrites every peers, layers, task-accuracy, yes-no-binding and versus section of a copy of ``page`` in
+    ``folder`` from copies of the run folders under ``runs``; returns the copy."""
     text = page.read_text(encoding="utf-8")
     table = folder / page.name
     shutil.copy(page, table)
@@ -155,6 +156,20 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
             copy_folder(runs / "yes_no_binding" / model, binding)
             run_script(str(REPO / "benchmarks" / "yes_no_binding.py"), ["--report-only", "--model", model, "--out",
                                                                          str(binding), "--table", str(table)], folder)
+            continue
+        if kind == "versus":
+            heading = re.search(rf"^### {re.escape(model)}: ([\w.-]+) against ([\w.-]+)$", text, re.MULTILINE)
+            assert heading, f"{page.name}: the versus:{model} section names no methods"
+            kept = [SECTION_RUNS[peers_kind] for peers_kind in PEERS_KINDS
+                    if (runs / SECTION_RUNS[peers_kind] / model).is_dir()]
+            if not kept:
+                continue  # a partial copy of the runs (test_a_changed_record_changes_the_page): the section stays
+            for run in kept:
+                if not (folder / run / model).exists():
+                    copy_folder(runs / run / model, folder / run / model)
+            run_script(str(REPO / "benchmarks" / "versus.py"), ["--model", model, "--first", heading.group(1),
+                                                                 "--second", heading.group(2), "--runs-root",
+                                                                 str(folder), "--table", str(table)], folder)
             continue
         peers = folder / "peers" / model  # the layer sections read the main peers run too
         if not peers.exists():

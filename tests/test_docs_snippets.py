@@ -6,7 +6,8 @@
   block (installs, launchers, the test suite itself) are not run, and a block with none of them is skipped.
 - A block marked by an HTML comment on the line before it, invisible once rendered, is skipped with its reason:
   ``<!-- snippet: network -->`` (needs the hub), ``<!-- snippet: gpu -->`` (runs where CUDA is available),
-  ``<!-- snippet: long -->`` (a long run: see benchmarks/).
+  ``<!-- snippet: long -->`` (a long run: see benchmarks/), ``<!-- snippet: regenerated -->`` (a report of kept
+  runs that rewrites its page: tests/test_docs_regenerate.py runs it on copies).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ MARKS = {
     "gpu": "needs a CUDA device",
     "long": "long run: see benchmarks/",
     "worked-example": "run by tests/test_extending.py, in a scratch metric registry",
+    "regenerated": "run by tests/test_docs_regenerate.py, on copies of the page and its kept runs",
 }
 FENCE = re.compile(r"^```(\w*)\s*$")
 MARK = re.compile(r"^<!-- snippet: (\S+) -->$")

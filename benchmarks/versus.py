@@ -15,6 +15,7 @@ in any environment.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ def _cell(pairs: list[tuple[dict, dict]], measure: str) -> str:
     sign = -1.0 if measure in LOWER_IS_BETTER else 1.0
     differences = [sign * (a[measure] - b[measure]) for a, b in pairs
                    if a.get(measure) is not None and b.get(measure) is not None]
+    differences = [difference for difference in differences if not math.isnan(difference)]  # an undefined LDS
     if not differences:
         return "–"
     wins, losses, p = sign_test(differences, [0.0] * len(differences))

@@ -45,6 +45,9 @@ def test_differences_favour_the_first_and_sufficiency_enters_negated():
     assert copy["suff@1"] == "**-0.25 (0/10)**"
     assert copy["lds"] == "+0.00 (0/0)"  # every pair tied
     assert copy["comp@3"] == "–"  # measured by neither
+    records[0]["lds"] = float("nan")  # undefined on one example: left out, not carried into the mean
+    nan_row = row(versus.summary_table("m", {"run 1": records}, "a", "b"), "run 1", versus.KINDS["copy"])
+    assert nan_row["lds"] == "+0.00 (0/0)"
     assert row(section, "run 1", versus.KINDS["other"])["n"] == "0"
 
 

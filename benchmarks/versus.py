@@ -22,13 +22,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import read_results, sign_test, write_section  # the benchmarks folder is on the path from here on
+from peers import (  # the benchmarks folder is on the path from here on
+    MEASURES as RECORDED,
+    read_results,
+    sign_test,
+    write_section,
+)
 
-__all__ = ["MEASURES", "RUNS", "main", "paired", "summary_table"]
+__all__ = ["KINDS", "LOWER_IS_BETTER", "MEASURES", "RUNS", "main", "paired", "summary_table"]
 
 RUNS = {"peers": "3-4 sources, seed 0", "peers_heldout": "3-4 sources, seed 1",
         "peers_many": "6-8 sources, seed 0", "peers_many_heldout": "6-8 sources, seed 1"}  # folder: label
-MEASURES = ("pointing", "comp@1", "comp@3", "comp@5", "suff@1", "suff@3", "suff@5", "source_comp@1", "lds")
+MEASURES = tuple(name for name in RECORDED if name != "time_ratio")  # every measure a run records but its cost
 LOWER_IS_BETTER = ("suff@1", "suff@3", "suff@5")
 KINDS = {"copy": "copy task", "other": "evidence not the answer string"}
 
@@ -62,8 +67,9 @@ def summary_table(model_name: str, runs: dict[str, list[dict]], first: str, seco
     rows: list[tuple[str, str, list[tuple[dict, dict]]]] = []
     pooled: dict[str, list[tuple[dict, dict]]] = {kind: [] for kind in KINDS}
     for label, records in runs.items():
+        pairs_of_run = paired(records, first, second)
         for kind, kind_label in KINDS.items():
-            pairs = [(a, b) for a, b in paired(records, first, second) if a["copy"] == (kind == "copy")]
+            pairs = [(a, b) for a, b in pairs_of_run if a["copy"] == (kind == "copy")]
             pooled[kind] += pairs
             rows.append((label, kind_label, pairs))
     rows += [("all runs", KINDS[kind], pairs) for kind, pairs in pooled.items()]
@@ -91,6 +97,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = {label: records for label, records in runs.items() if records}
     if not runs:
         parser.error(f"no kept run of {args.model} under {args.runs_root} (looked in {', '.join(RUNS)})")
+    if args.first == args.second:
+        parser.error(f"--first and --second are both {args.first}: name two methods")
+    measured = {record["method"] for records in runs.values() for record in records} - {"answered"}
+    for name in (args.first, args.second):
+        if name not in measured:
+            parser.error(f"{name} is measured in no kept run of {args.model}; these are: {', '.join(sorted(measured))}")
     section = summary_table(args.model, runs, args.first, args.second)
     print(section)
     if args.table:

@@ -158,7 +158,8 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
                                                                          str(binding), "--table", str(table)], folder)
             continue
         if kind == "versus":
-            heading = re.search(rf"^### {re.escape(model)}: ([\w.-]+) against ([\w.-]+)$", text, re.MULTILINE)
+            section = text[text.index(f"<!-- {kind}:{model} -->"):text.index(f"<!-- /{kind}:{model} -->")]
+            heading = re.search(rf"^### {re.escape(model)}: ([\w.-]+) against ([\w.-]+)$", section, re.MULTILINE)
             assert heading, f"{page.name}: the versus:{model} section names no methods"
             kept = [SECTION_RUNS[peers_kind] for peers_kind in PEERS_KINDS
                     if (runs / SECTION_RUNS[peers_kind] / model).is_dir()]

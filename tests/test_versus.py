@@ -11,6 +11,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import versus  # benchmarks/ is on the path from the line above
 
+# written apart from versus.py: the measures where a smaller number is the better one (docs/PEERS.md, "Measures":
+# sufficiency is the drop with only the top tokens kept)
+SMALLER_IS_BETTER = {"suff@1", "suff@3", "suff@5"}
+
 
 def record(method: str, example: str, *, copy: bool, task: str = "who_lives_where", **values) -> dict:
     return {"model": "m", "example": example, "task": task, "copy": copy, "method": method, **values}
@@ -51,6 +55,20 @@ def test_differences_favour_the_first_and_sufficiency_enters_negated():
     assert row(section, "run 1", versus.KINDS["other"])["n"] == "0"
 
 
+def test_every_measure_is_signed_by_its_own_direction_and_paired_by_example():
+    measures = list(versus.MEASURES)
+    assert {"pointing", "comp@1", "comp@5", "suff@5", "source_comp@1", "lds"} <= set(measures)
+    first, second = [], []
+    for i in range(8):  # a is ahead of b by 1 on every measure, each example at its own level
+        first.append(record("a", f"e{i}", copy=False, **{name: 10.0 * i + 1.0 for name in measures}))
+        second.append(record("b", f"e{i}", copy=False, **{name: 10.0 * i for name in measures}))
+    section = versus.summary_table("m", {"run": first + second[::-1]}, "a", "b")  # b's records in another order
+    cells = row(section, "run", versus.KINDS["other"])
+    for name in measures:
+        expected = "**-1.00 (0/8)**" if name in SMALLER_IS_BETTER else "**+1.00 (8/0)**"
+        assert cells[name] == expected, name
+
+
 def test_bold_only_where_the_sign_test_rejects():
     records = run_records(5, copy=False, comp=0.5, suff=0.0)  # 5/0: p = 0.0625
     section = versus.summary_table("m", {"run 1": records}, "a", "b")
@@ -58,7 +76,8 @@ def test_bold_only_where_the_sign_test_rejects():
 
 
 def test_pairs_are_the_shared_ground_truth_examples_and_runs_pool():
-    first = run_records(6, copy=True, comp=1.0, suff=0.0, prefix="c") + run_records(4, copy=False, comp=-1.0, suff=0.0)
+    first = run_records(6, copy=True, comp=1.0, suff=0.0, prefix="c") + run_records(4, copy=False, comp=-1.0,
+                                                                                      suff=0.0)
     first.append(record("a", "only-a", copy=True, **{"comp@1": 9.0}))  # b was not measured on it
     first.append(record("a", "boolq-0", copy=False, task="boolq", **{"comp@1": 9.0}))
     first.append(record("b", "boolq-0", copy=False, task="boolq", **{"comp@1": 0.0}))
@@ -73,11 +92,14 @@ def test_pairs_are_the_shared_ground_truth_examples_and_runs_pool():
     assert pooled["comp@1"] == f"**{(13 - 4) / 17:+.2f} (13/4)**"  # p = 0.049
 
 
-def test_main_writes_the_section_from_the_kept_runs_and_refuses_none(tmp_path):
-    folder = tmp_path / "peers_heldout" / "m"
-    folder.mkdir(parents=True)
-    folder.joinpath("results.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in run_records(3, copy=False, comp=0.5, suff=0.0)), encoding="utf-8")
+def write_run(root: Path, folder: str, records: list[dict]) -> None:
+    (root / folder / "m").mkdir(parents=True)
+    (root / folder / "m" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records),
+                                                       encoding="utf-8")
+
+
+def test_main_writes_the_section_from_the_kept_runs(tmp_path):
+    write_run(tmp_path, "peers_heldout", run_records(3, copy=False, comp=0.5, suff=0.0))
     table = tmp_path / "page.md"
     table.write_text("# Page\n\n<!-- versus:m -->\nold\n<!-- /versus:m -->\n\nafter\n", encoding="utf-8")
     versus.main(["--model", "m", "--first", "a", "--second", "b", "--runs-root", str(tmp_path), "--table",
@@ -87,5 +109,18 @@ def test_main_writes_the_section_from_the_kept_runs_and_refuses_none(tmp_path):
     assert "### m: a against b" in text
     assert f"| {versus.RUNS['peers_heldout']} | {versus.KINDS['other']} | 3 |" in text
     assert versus.RUNS["peers"] not in text  # not kept: left out
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--model", "other"], "no kept run of other"),
+    (["--model", "m", "--first", "a", "--second", "a"], "both a"),
+    (["--model", "m", "--first", "a", "--second", "attnlrpp"], "attnlrpp is measured in no kept run of m"),
+])
+def test_main_refuses_what_it_cannot_compare_and_leaves_the_page(tmp_path, capsys, arguments, message):
+    write_run(tmp_path, "peers", run_records(3, copy=False, comp=0.5, suff=0.0))
+    table = tmp_path / "page.md"
+    table.write_text("<!-- versus:m -->\nkept\n<!-- /versus:m -->\n", encoding="utf-8")
     with pytest.raises(SystemExit):
-        versus.main(["--model", "other", "--runs-root", str(tmp_path)])
+        versus.main([*arguments, "--runs-root", str(tmp_path), "--table", str(table)])
+    assert message in capsys.readouterr().err
+    assert "kept" in table.read_text(encoding="utf-8")

@@ -8,8 +8,8 @@ were measured on (BoolQ's are left out: no evidence is known there). Per run and
 not), and pooled over the runs, each cell gives the mean paired difference, first minus second, signed so that a
 positive difference favours the first (sufficiency, where lower is better, enters negated), and the wins and
 losses of the first in the paired sign test (ties dropped), in bold where its two-sided p-value is below 0.05. The
-table replaces the ``<!-- versus:MODEL -->`` section of ``--table``; it reads kept records only, so it is the same
-in any environment.
+table replaces the ``<!-- versus:MODEL -->`` section of ``--table`` (``--section`` names another marker, so that one
+page holds several pairs); it reads kept records only, so it is the same in any environment.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def _cell(pairs: list[tuple[dict, dict]], measure: str) -> str:
     return f"**{text}**" if p < 0.05 else text
 
 
-def summary_table(model_name: str, runs: dict[str, list[dict]], first: str, second: str) -> str:
-    r"""The ``versus:MODEL`` section: one row per run and kind of evidence, then the runs pooled per kind and
+def summary_table(model_name: str, runs: dict[str, list[dict]], first: str, second: str,
+                  marker: str = "versus") -> str:
+    r"""The ``marker:MODEL`` section: one row per run and kind of evidence, then the runs pooled per kind and
     overall; ``runs`` maps each run's label to its records."""
     rows: list[tuple[str, str, list[tuple[dict, dict]]]] = []
     pooled: dict[str, list[tuple[dict, dict]]] = {kind: [] for kind in KINDS}
@@ -74,12 +75,12 @@ def summary_table(model_name: str, runs: dict[str, list[dict]], first: str, seco
             rows.append((label, kind_label, pairs))
     rows += [("all runs", KINDS[kind], pairs) for kind, pairs in pooled.items()]
     rows.append(("all runs", "all", [pair for pairs in pooled.values() for pair in pairs]))
-    lines = [f"<!-- versus:{model_name} -->", f"### {model_name}: {first} against {second}", "",
+    lines = [f"<!-- {marker}:{model_name} -->", f"### {model_name}: {first} against {second}", "",
              "| run | evidence | n | " + " | ".join(MEASURES) + " |", "|---|---|---|" + "---|" * len(MEASURES)]
     for label, kind_label, pairs in rows:
         cells = [_cell(pairs, measure) for measure in MEASURES]
         lines.append(f"| {label} | {kind_label} | {len(pairs)} | " + " | ".join(cells) + " |")
-    lines.append(f"<!-- /versus:{model_name} -->")
+    lines.append(f"<!-- /{marker}:{model_name} -->")
     return "\n".join(lines) + "\n"
 
 
@@ -90,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--second", default="attnlrp", help="the method it is compared with")
     parser.add_argument("--runs-root", default=str(Path(__file__).resolve().parent / "runs"),
                         help="the folder holding the runs " + ", ".join(RUNS))
-    parser.add_argument("--table", help="a Markdown file whose versus:MODEL section to write")
+    parser.add_argument("--table", help="a Markdown file whose SECTION:MODEL section to write")
+    parser.add_argument("--section", default="versus", help="the section's marker (versus: <!-- versus:MODEL -->)")
     args = parser.parse_args(argv)
     runs = {label: read_results(Path(args.runs_root) / folder / args.model / "results.jsonl")
             for folder, label in RUNS.items()}
@@ -103,10 +105,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in (args.first, args.second):
         if name not in measured:
             parser.error(f"{name} is measured in no kept run of {args.model}; these are: {', '.join(sorted(measured))}")
-    section = summary_table(args.model, runs, args.first, args.second)
+    section = summary_table(args.model, runs, args.first, args.second, args.section)
     print(section)
     if args.table:
-        write_section(Path(args.table), section, args.model, marker="versus")
+        write_section(Path(args.table), section, args.model, marker=args.section)
 
 
 if __name__ == "__main__":

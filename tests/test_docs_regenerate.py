@@ -15,7 +15,8 @@ never on docs/ itself, and its text must equal the committed page:
   ``benchmarks/runs/layer_pointing/MODEL``; ``<!-- task-accuracy:MODEL -->`` sections:
   ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``; ``<!-- yes-no-binding:MODEL -->``
   sections: ``benchmarks/yes_no_binding.py`` on ``benchmarks/runs/yes_no_binding/MODEL``; ``<!-- versus:MODEL -->``
-  sections: ``benchmarks/versus.py`` on the four peers runs of MODEL, for the two methods the section names.
+  (and ``versus-ablation``) sections: ``benchmarks/versus.py`` on the four peers runs of MODEL, for the two methods
+  the section names.
 - docs/PAPER_REPRODUCTION.md: ``benchmarks/paper_reproduction.py`` on ``benchmarks/runs/paper`` (none kept yet:
   every cell says "not run").
 
@@ -47,7 +48,8 @@ REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py (
 SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many": "peers_many",
                 "peers-many-heldout": "peers_many_heldout",
                 "layers": "layer_pointing", "task-accuracy": "task_accuracy",
-                "yes-no-binding": "yes_no_binding", "versus": "peers"}  # kind: runs folder (versus: the first)
+                "yes-no-binding": "yes_no_binding", "versus": "peers",
+                "versus-ablation": "peers"}  # kind: runs folder (versus: the first of the four it reads)
 SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
 PEERS_KINDS = ("peers", "peers-heldout", "peers-many", "peers-many-heldout")  # peers.py's sections (--section)
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
@@ -157,10 +159,10 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
             run_script(str(REPO / "benchmarks" / "yes_no_binding.py"), ["--report-only", "--model", model, "--out",
                                                                          str(binding), "--table", str(table)], folder)
             continue
-        if kind == "versus":
+        if kind in ("versus", "versus-ablation"):
             section = text[text.index(f"<!-- {kind}:{model} -->"):text.index(f"<!-- /{kind}:{model} -->")]
             heading = re.search(rf"^### {re.escape(model)}: ([\w.-]+) against ([\w.-]+)$", section, re.MULTILINE)
-            assert heading, f"{page.name}: the versus:{model} section names no methods"
+            assert heading, f"{page.name}: the {kind}:{model} section names no methods"
             kept = [SECTION_RUNS[peers_kind] for peers_kind in PEERS_KINDS
                     if (runs / SECTION_RUNS[peers_kind] / model).is_dir()]
             if not kept:
@@ -170,7 +172,8 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
                     copy_folder(runs / run / model, folder / run / model)
             run_script(str(REPO / "benchmarks" / "versus.py"), ["--model", model, "--first", heading.group(1),
                                                                  "--second", heading.group(2), "--runs-root",
-                                                                 str(folder), "--table", str(table)], folder)
+                                                                 str(folder), "--table", str(table), "--section",
+                                                                 kind], folder)
             continue
         peers = folder / "peers" / model  # the layer sections read the main peers run too
         if not peers.exists():

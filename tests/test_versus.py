@@ -109,6 +109,10 @@ def test_main_writes_the_section_from_the_kept_runs(tmp_path):
     assert "### m: a against b" in text
     assert f"| {versus.RUNS['peers_heldout']} | {versus.KINDS['other']} | 3 |" in text
     assert versus.RUNS["peers"] not in text  # not kept: left out
+    versus.main(["--model", "m", "--first", "b", "--second", "a", "--runs-root", str(tmp_path), "--table",
+                 str(table), "--section", "versus-other"])  # another pair, in its own section
+    text = table.read_text(encoding="utf-8")
+    assert "### m: a against b" in text and "<!-- versus-other:m -->\n### m: b against a" in text
 
 
 @pytest.mark.parametrize(("arguments", "message"), [

@@ -24,7 +24,9 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from knockout_points import answered_examples
 from peer_methods import METHODS, EncodedExample, encode_example, target_logprobs, unavailable
+from peer_methods.measures import ranking, without
 
+from captum_cw.files import write_atomically
 from captum_cw.models import load_model
 
 __all__ = ["DELETIONS", "deletions", "main", "rank_kinds"]
@@ -48,7 +50,7 @@ def rank_kinds(encoded: EncodedExample, scores: np.ndarray) -> list[str]:
     r"""What the method ranks second and third among the context's tokens (``scores`` ``(n,)``): ``"evidence"``,
     ``"other city"`` (a copy of another candidate in another source) or ``"other"``."""
     context = np.asarray(encoded.context)
-    order = context[np.argsort(-scores[context], kind="stable")]
+    order = context[ranking(scores[context])]
     other_cities = set(deletions(encoded)["copy + other cities"]) - set(encoded.copy)
     return ["evidence" if p in encoded.evidence else "other city" if p in other_cities else "other"
             for p in order[1:3].tolist()]
@@ -85,13 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     for example in tqdm([e for e in examples if e.task == "who_lives_where"], desc=args.model):
         encoded = encode_example(tokenizer, example, style)
         ids = encoded.input_ids[0].tolist()
-        rows = [[t for p, t in enumerate(ids) if p not in set(gone)] for gone in deletions(encoded).values()]
+        rows = [without(encoded, gone) for gone in deletions(encoded).values()]
         full, *deleted = target_logprobs(model, [ids, *rows], encoded.target)
         ranked = {name: rank_kinds(encoded, METHODS[name].score(model, tokenizer, encoded)[0]) for name in methods}
         records.append({"example": example.id, "drops": dict(zip(DELETIONS, (float(full - d) for d in deleted))),
                         "ranked": ranked})
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    write_atomically(out, json.dumps(records, indent=1) + "\n")
     print(summary(records))
 
 

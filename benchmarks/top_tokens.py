@@ -25,23 +25,24 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_methods import METHODS, encode_example, target_logprobs
+from peer_methods.measures import ranking, without
 from peers import examples_of, parse_args, read_results
 
+from captum_cw.files import write_atomically
 from captum_cw.models import load_model
 
 __all__ = ["main", "summary", "top_token"]
 
 
-def top_token(model, tokenizer, encoded, method: str) -> dict:
-    r"""``method``'s top context token (its text, whether it lies in the evidence) and the drop in log p(answer)
-    when it alone is deleted."""
+def top_token(model, tokenizer, encoded, method: str, full: float) -> dict:
+    r"""``method``'s top context token (its text, whether it lies in the evidence) and the drop from ``full``, the
+    whole prompt's log p(answer), when it alone is deleted."""
     scores = METHODS[method].score(model, tokenizer, encoded)[0]  # (n,)
     context = np.asarray(encoded.context)
-    top = int(context[np.argsort(-scores[context], kind="stable")[0]])
-    ids = encoded.input_ids[0].tolist()
-    full, without = target_logprobs(model, [ids, ids[:top] + ids[top + 1:]], encoded.target)
-    return {"token": tokenizer.decode([ids[top]]).strip(), "evidence": top in encoded.evidence,
-            "drop": float(full - without)}
+    top = int(context[ranking(scores[context])[0]])
+    (deleted,) = target_logprobs(model, [without(encoded, [top])], encoded.target)
+    return {"token": tokenizer.decode([int(encoded.input_ids[0, top])]).strip(), "evidence": top in encoded.evidence,
+            "drop": float(full - deleted)}
 
 
 def summary(records: list[dict]) -> str:
@@ -82,10 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     records = []
     for example in tqdm(examples, desc=args.model):
         encoded = encode_example(tokenizer, example, settings["style"])
+        (full,) = target_logprobs(model, [encoded.input_ids[0].tolist()], encoded.target)  # once for every method
         records.append({"example": example.id, "answer": example.answer,
-                        "top": {m: top_token(model, tokenizer, encoded, m) for m in args.methods.split(",")}})
+                        "top": {m: top_token(model, tokenizer, encoded, m, float(full))
+                                for m in args.methods.split(",")}})
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    write_atomically(out, json.dumps(records, indent=1) + "\n")
     print(summary(records))
 
 

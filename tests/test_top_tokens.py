@@ -19,15 +19,17 @@ from peer_methods import METHODS, encode_example
 def test_the_top_token_and_its_drop_are_the_methods_and_the_models(smollm2):
     model, tokenizer = smollm2
     encoded = encode_example(tokenizer, context_examples("job_of_description", 1, seed=0, distractors=2)[0], "chat")
-    found = top_tokens.top_token(model, tokenizer, encoded, "random")
+    ids = encoded.input_ids[0].tolist()
+
+    @torch.no_grad()
+    def logprob(row: list[int]) -> float:
+        return float(model(input_ids=torch.tensor([row])).logits[0, -1].double().log_softmax(-1)[encoded.target])
+
+    found = top_tokens.top_token(model, tokenizer, encoded, "random", logprob(ids))
     scores = METHODS["random"].score(model, tokenizer, encoded)[0]
     context = encoded.context
     top = max(context, key=lambda p: (scores[p], -p))  # the first of the highest, as the runs rank
-    ids = encoded.input_ids[0].tolist()
-    with torch.no_grad():
-        def logprob(row: list[int]) -> float:
-            return float(model(input_ids=torch.tensor([row])).logits[0, -1].double().log_softmax(-1)[encoded.target])
-        drop = logprob(ids) - logprob(ids[:top] + ids[top + 1:])
+    drop = logprob(ids) - logprob(ids[:top] + ids[top + 1:])
     assert found["token"] == tokenizer.decode([ids[top]]).strip()
     assert found["evidence"] == (top in encoded.evidence)
     assert np.isclose(found["drop"], drop, atol=1e-4)

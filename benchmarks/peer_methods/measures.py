@@ -16,8 +16,8 @@ from torch import nn
 
 from .encoding import EncodedExample
 
-__all__ = ["KS", "kept_sources", "lds", "lds_ablations", "lds_masks", "lds_seed", "measure", "source_scores",
-           "spearman", "target_logprobs", "tied_top_share"]
+__all__ = ["KS", "kept_sources", "lds", "lds_ablations", "lds_masks", "lds_seed", "measure", "ranking",
+           "source_scores", "spearman", "target_logprobs", "tied_top_share", "without"]
 
 KS = (1, 3, 5)  # comp@k and suff@k: tokens removed or kept
 
@@ -50,7 +50,8 @@ def target_logprobs(model: nn.Module, rows: Sequence[Sequence[int]], target: int
     return np.concatenate(values)
 
 
-def _without(encoded: EncodedExample, removed: Sequence[int]) -> list[int]:
+def without(encoded: EncodedExample, removed: Sequence[int]) -> list[int]:
+    r"""The prompt's ids with the tokens at ``removed`` deleted."""
     gone = set(removed)
     return [int(t) for p, t in enumerate(encoded.input_ids[0].tolist()) if p not in gone]
 
@@ -68,7 +69,7 @@ def tied_top_share(values: np.ndarray, good: np.ndarray) -> float:
     return float((top & good).sum() / top.sum())
 
 
-def _ranking(values: np.ndarray) -> np.ndarray:
+def ranking(values: np.ndarray) -> np.ndarray:
     r"""Indices by descending value, ties in index order."""
     return np.argsort(-values, kind="stable")
 
@@ -112,7 +113,7 @@ def lds_masks(sources: int, count: int, seed: int) -> np.ndarray:
 
 def kept_sources(encoded: EncodedExample, kept: Sequence[bool]) -> list[int]:
     r"""The prompt's ids with the tokens of every source not ``kept`` deleted."""
-    return _without(encoded, [p for s, keep in enumerate(kept) if not keep for p in encoded.sources[s]])
+    return without(encoded, [p for s, keep in enumerate(kept) if not keep for p in encoded.sources[s]])
 
 
 def lds(per_source: np.ndarray, ablations: tuple[np.ndarray, np.ndarray]) -> float:
@@ -155,13 +156,13 @@ def measure(model: nn.Module, encoded: EncodedExample, scores: np.ndarray, level
     rows, names = [], []
     if level == "token":
         context = np.asarray(encoded.context)
-        order = context[_ranking(scores[context])]
+        order = context[ranking(scores[context])]
         for k in KS:
-            rows.append(_without(encoded, order[:k].tolist()))
+            rows.append(without(encoded, order[:k].tolist()))
             names.append(f"comp@{k}")
-            rows.append(_without(encoded, order[k:].tolist()))
+            rows.append(without(encoded, order[k:].tolist()))
             names.append(f"suff@{k}")
-    rows.append(_without(encoded, encoded.sources[int(_ranking(per_source)[0])]))
+    rows.append(without(encoded, encoded.sources[int(ranking(per_source)[0])]))
     names.append("source_comp@1")
     drops = full - target_logprobs(model, rows, encoded.target)
     result.update({name: None for k in KS for name in (f"comp@{k}", f"suff@{k}")})

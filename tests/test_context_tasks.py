@@ -3,7 +3,16 @@
 import pytest
 
 from captum_cw.errors import InputError
-from captum_cw.tasks.context import CITIES, CONTEXT_TASKS, JOBS, context_examples, encode_context, prompt_text
+from captum_cw.tasks.context import (
+    CITIES,
+    CONTEXT_TASKS,
+    JOBS,
+    NEUTRAL,
+    VERDICTS,
+    context_examples,
+    encode_context,
+    prompt_text,
+)
 
 TASKS = sorted(CONTEXT_TASKS)
 
@@ -47,6 +56,20 @@ def test_a_word_choice_lists_every_source_country_and_the_evidence_city_implies_
         name, city = example.sources[example.evidence][:-2].split(" lives in ")
         assert f"does {name} live in" in example.question
         assert example.answer == f" {CITIES[city]}"
+
+def test_a_review_judges_in_its_evidence_alone_and_never_names_the_label():
+    examples = context_examples("review_sentiment", 60, seed=2, distractors=3)
+    assert {e.answer for e in examples} == {" positive", " negative"}  # both labels occur
+    for example in examples:
+        assert example.candidates == (" positive", " negative")
+        judged = [k for k, source in enumerate(example.sources) if source.strip() not in NEUTRAL]
+        assert judged == [example.evidence]
+        subject, verdict = next((subject, example.sources[example.evidence].strip()[len(subject) + 1:-1])
+                                for subject in VERDICTS if example.sources[example.evidence].startswith(subject))
+        assert verdict == VERDICTS[subject][0 if example.answer == " positive" else 1]
+        assert not any(label in example.context for label in ("positive", "negative"))
+    assert len({e.evidence for e in examples}) == 4  # the evidence stands anywhere
+
 
 def test_examples_are_seeded_and_differ_across_seeds():
     first = context_examples("job_of_description", 10, seed=3, distractors=2)

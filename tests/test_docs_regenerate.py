@@ -8,9 +8,10 @@ never on docs/ itself, and its text must equal the committed page:
   temporary folder so that the paths the page prints are the repository's; the summaries it keeps as JSON next to
   the plots must match the committed ones too. Needs the task files in the hub schema, in the folder
   ``$CAPTUM_CW_DATA`` names (MMLU's subjects are read from them); skipped without them.
-- ``<!-- peers:MODEL -->`` sections (and ``peers-heldout``, ``peers-many``, ``peers-many-heldout``):
-  ``benchmarks/peers.py`` on ``benchmarks/runs/peers/MODEL`` (``peers_heldout``, ``peers_many``,
-  ``peers_many_heldout``), against the reference method the section
+- ``<!-- peers:MODEL -->`` sections (and ``peers-heldout``, ``peers-many``, ``peers-many-heldout``,
+  ``peers-sentiment``, ``peers-sentiment-heldout``): ``benchmarks/peers.py`` on ``benchmarks/runs/peers/MODEL``
+  (``peers_heldout``, ``peers_many``, ``peers_many_heldout``, ``peers_sentiment``, ``peers_sentiment_heldout``),
+  against the reference method the section
   names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
   ``benchmarks/runs/layer_pointing/MODEL``; ``<!-- task-accuracy:MODEL -->`` sections:
   ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``; ``<!-- yes-no-binding:MODEL -->``
@@ -46,12 +47,14 @@ RUNS = REPO / "benchmarks" / "runs"
 DATA = Path(os.environ["CAPTUM_CW_DATA"]) if "CAPTUM_CW_DATA" in os.environ else None
 REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py ([^`]*)`", re.MULTILINE)
 SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many": "peers_many",
-                "peers-many-heldout": "peers_many_heldout",
+                "peers-many-heldout": "peers_many_heldout", "peers-sentiment": "peers_sentiment",
+                "peers-sentiment-heldout": "peers_sentiment_heldout",
                 "layers": "layer_pointing", "task-accuracy": "task_accuracy",
                 "yes-no-binding": "yes_no_binding", "versus": "peers",
                 "versus-ablation": "peers"}  # kind: runs folder (versus: the first of the four it reads)
 SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
-PEERS_KINDS = ("peers", "peers-heldout", "peers-many", "peers-many-heldout")  # peers.py's sections (--section)
+PEERS_KINDS = ("peers", "peers-heldout", "peers-many", "peers-many-heldout", "peers-sentiment",
+               "peers-sentiment-heldout")  # peers.py's sections (--section)
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
 # tables whose run folders were lost before the runs were kept; their kept summaries stand until they are rerun
 # (issue #26: "Gemma's layer-level MC run folders are cited but not kept"). Remove an entry once its folder is kept.

@@ -50,6 +50,20 @@ JOBS = {"teacher": "gives lessons to children at a school", "doctor": "treats si
         "dentist": "looks after people's teeth", "lawyer": "defends people in court",
         "mechanic": "repairs cars in a garage", "nurse": "cares for patients on a hospital ward"}
 r"""Each job and a description of it that never names it (no four-letter stem of the job in it)."""
+VERDICTS = {"The food was": ("delicious", "awful"),
+            "The staff were": ("friendly and helpful", "rude and unhelpful"),
+            "The room was": ("clean and comfortable", "dirty and uncomfortable"),
+            "The film was": ("wonderful", "terrible"),
+            "The soup was": ("excellent", "disgusting"), "The concert was": ("amazing", "dreadful"),
+            "The view was": ("beautiful", "ugly"), "The book was": ("a delight to read", "a chore to read"),
+            "The service was": ("fantastic", "horrible"), "The cake was": ("lovely", "stale")}
+r"""Each subject of :func:`_review_sentiment`'s evidence and its praise and its complaint (neither names the label)."""
+NEUTRAL = ("We arrived at seven.", "The restaurant is near the station.", "Tom ordered the soup.", "It was a Tuesday.",
+           "We went there by bus.", "The building has three floors.", "My sister came with me.", "We paid by card.",
+           "The menu is printed in two languages.", "We left at nine.", "The tables are made of wood.",
+           "Parking is behind the building.", "We booked a week ahead.", "The kitchen is open until ten.",
+           "There were four of us.", "The windows face the street.")
+r"""Sentences that state facts and no judgement: :func:`_review_sentiment`'s distractors."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +225,18 @@ def _country_choice(rng: random.Random, distractors: int) -> tuple[list[str], st
     return sources, f"\nQuestion: Which country does {name} live in: {listed}?\nAnswer:", answer, candidates, asked
 
 
+def _review_sentiment(rng: random.Random, distractors: int) -> tuple[list[str], str, str, list[str], int]:
+    r"""A supporting sentence for a two-way answer: one sentence of the review judges something, the others state
+    facts; the answer is the label its judgement implies (``"The soup was disgusting."`` -> ``" negative"``), which
+    no source names."""
+    subject = rng.choice(list(VERDICTS))
+    praised = rng.random() < 0.5
+    sources = [f"{sentence} " for sentence in rng.sample(NEUTRAL, distractors)]
+    evidence = rng.randrange(distractors + 1)
+    sources.insert(evidence, f"{subject} {VERDICTS[subject][0 if praised else 1]}. ")
+    answer = " positive" if praised else " negative"
+    return sources, "\nIn one word, the review is", answer, [" positive", " negative"], evidence
+
 CONTEXT_TASKS: dict[str, ContextTask] = {task.name: task for task in (
     ContextTask("who_lives_where", "'Anna lives in Paris. Tom lives in Rome. ...' then 'Tom lives in'", True,
                 _who_lives_where),
@@ -229,6 +255,9 @@ CONTEXT_TASKS: dict[str, ContextTask] = {task.name: task for task in (
                 "(a letter)", False, _where_choice, per_source=False),
     ContextTask("country_choice", "who lives where, then 'Question: Which country does Tom live in: Spain, Italy "
                 "or France?\\nAnswer:' (the options are words; the evidence names the city)", False, _country_choice),
+    ContextTask("review_sentiment", "'We arrived at seven. The soup was disgusting. ...' then 'In one word, the review "
+                "is' (positive or negative: the one judging sentence implies the label, which no source names)", False,
+                _review_sentiment, per_source=False),
 )}
 
 

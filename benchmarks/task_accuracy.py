@@ -34,7 +34,7 @@ from peers import write_section
 from captum_cw.statistics import wilson_interval
 from captum_cw.tasks.context import CONTEXT_TASKS, context_examples
 
-__all__ = ["answer", "main", "position_of", "read_results", "summary_table"]
+__all__ = ["answer", "main", "per_answer", "position_of", "read_results", "summary_table"]
 
 
 def position_of(index: int, count: int) -> str:
@@ -67,21 +67,36 @@ def _percent(hits: int, total: int) -> str:
     return f"{hits / total:.2f} [{low:.2f}, {high:.2f}]"
 
 
+def per_answer(rows: Sequence[dict], task: str, distractors: int) -> str:
+    r"""``"positive 20/20, negative 10/20"``: hits over examples per expected answer, for a task whose examples all
+    have the same two candidates (the expected answer is the pick where correct, the other candidate where not);
+    ``"–"`` for any other task."""
+    if CONTEXT_TASKS[task].per_source or rows[0]["candidates"] != 2:
+        return "–"
+    pair = context_examples(task, 1, 0, distractors)[0].candidates
+    expected = [r["picked"] if r["correct"] else next(c for c in pair if c != r["picked"]) for r in rows]
+    return ", ".join(f"{answer.strip()} {sum(r['correct'] for r, e in zip(rows, expected) if e == answer)}/"
+                     f"{expected.count(answer)}" for answer in pair)
+
+
 def summary_table(records: Sequence[dict], model_name: str) -> str:
     r"""The Markdown section of one model: a row per task, prompt style and distractor count."""
     lines = [f"<!-- task-accuracy:{model_name} -->", "",
              f"{model_name}: accuracy [95% Wilson interval] against chance; by where the evidence stands; and of "
              "the wrong answers, the share that is the first or the last source's answer; the share of examples "
-             "given the model's most frequent answer (1.00: the same answer whatever the context).", "",
+             "given the model's most frequent answer (1.00: the same answer whatever the context); for a task with "
+             "the same two candidates everywhere, the accuracy on each answer (a prior for one answer shows as "
+             "high accuracy on it alone).", "",
              "| task | style | distractors | n | accuracy | chance | evidence first | evidence middle | "
-             "evidence last | wrong: first source's | wrong: last source's | most frequent answer |",
-             "|" + "---|" * 12]
+             "evidence last | wrong: first source's | wrong: last source's | most frequent answer | "
+             "accuracy per answer |",
+             "|" + "---|" * 13]
     settings = sorted({(r["task"], r["style"], r["distractors"]) for r in records})
     for task, style, distractors in settings:
         rows = [r for r in records if (r["task"], r["style"], r["distractors"]) == (task, style, distractors)]
         if any(r.get("unscorable") for r in rows):
             lines.append(f"| {task} | {style} | {distractors} | {len(rows)} | not scorable: candidates share "
-                         f"their first token | | | | | | | |")
+                         f"their first token | | | | | | | | |")
             continue
         hits = sum(r["correct"] for r in rows)
         by_position = [_percent(sum(r["correct"] for r in rows if r["evidence_at"] == at),
@@ -95,7 +110,7 @@ def summary_table(records: Sequence[dict], model_name: str) -> str:
             accuracy = f"**{accuracy}**"
         lines.append(f"| {task} | {style} | {distractors} | {len(rows)} | {accuracy} | "
                      f"{1 / rows[0]['candidates']:.2f} | {' | '.join(by_position)} | {' | '.join(picked)} | "
-                     f"{modal[1] / len(rows):.2f} |")
+                     f"{modal[1] / len(rows):.2f} | {per_answer(rows, task, distractors)} |")
     lines.append(f"<!-- /task-accuracy:{model_name} -->")
     return "\n".join(lines) + "\n"
 

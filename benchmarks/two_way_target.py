@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -37,22 +38,30 @@ RUN = Path(__file__).resolve().parent / "runs" / "peers_sentiment"
 CONTEXTS = ("whole prompt", "evidence deleted", "every source deleted")
 
 
-def answered_examples(model_name: str, runs: Path = RUN, n: int = 40) -> tuple[list, str]:
-    r"""The review_sentiment examples (2 distractors, the first ``n``) the model answered in its run ``runs/MODEL``,
-    and the run's prompt style."""
+def answered_examples(model_name: str, runs: Path = RUN, tasks: str = "review_sentiment:2", n: int = 40
+                      ) -> tuple[list, str]:
+    r"""The examples of ``tasks`` (``peers.py --tasks``; the first ``n`` of each) the model answered in its run
+    ``runs/MODEL``, and the run's prompt style. Refuses a run whose answered examples are not all among them (a
+    run made with other tasks, distractors or ``--n``, whose ids would name other examples)."""
     folder = runs / model_name
+    if not (folder / "settings.json").exists():
+        raise SystemExit(f"no peers run in {folder}; run benchmarks/peers.py --out {folder} first")
     answered = {r["example"] for r in read_results(folder / "results.jsonl") if r["method"] == "answered"
                 and r["correct"]}
     settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
-    args = parse_args(["--tasks", "review_sentiment:2", "--n", str(n), "--seed", str(settings["seed"]),
-                       "--out", str(folder)])
-    return [e for e in examples_of(args) if e.id in answered], settings["style"]
+    args = parse_args(["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)])
+    examples = [e for e in examples_of(args) if e.id in answered]
+    if len(examples) != len(answered):
+        raise SystemExit(f"{folder} holds answered examples beyond the first {n} of {tasks}: "
+                         f"{sorted(answered - {e.id for e in examples})[:3]}")
+    return examples, settings["style"]
 
 
 def readings(model, encoded: EncodedExample) -> dict[str, dict[str, float]]:
     r"""For each context of :data:`CONTEXTS`: ``logprob`` (log p(answer)) and ``logodds`` (log p(answer) minus log
     p(the other candidate)) at the last position."""
-    assert len(encoded.candidates) == 2, "a two-way answer"
+    if len(encoded.candidates) != 2:
+        raise ValueError(f"{encoded.example.id} has {len(encoded.candidates)} candidates; a two-way answer has 2.")
     other = next(c for c in encoded.candidates if c != encoded.target)
     sources = range(len(encoded.sources))
     rows = [encoded.input_ids[0].tolist(),
@@ -83,13 +92,16 @@ def summary(records: list[dict], peers: list[dict]) -> str:
         flipped = np.mean([r["readings"]["evidence deleted"]["logodds"] < 0 for r in group])
         lines.append(f"  the other label picked once the evidence is deleted: {flipped:.0%}")
     decides = {r["example"] for r in records if r["readings"]["evidence deleted"]["logodds"] < 0}
+    read = {r["example"] for r in records}
+    peers = [r for r in peers if r["example"] in read]  # an example read here and measured there
     lines.append(f"the evidence decides the pick on {len(decides)} of {len(records)}; each method there / elsewhere:")
     for method in dict.fromkeys(r["method"] for r in peers if r["method"] != "answered"):
         cells = []
         for measure in ("pointing", "source_comp@1", "lds"):
             means = [np.mean(values) if (values := [r[measure] for r in peers if r["method"] == method
                                                     and (r["example"] in decides) == inside
-                                                    and r.get(measure) is not None]) else float("nan")
+                                                    and r.get(measure) is not None
+                                                    and not math.isnan(r[measure])]) else float("nan")
                      for inside in (True, False)]
             cells.append(f"{measure} {means[0]:.2f} / {means[1]:.2f}")
         lines.append(f"  {method}: {', '.join(cells)}")
@@ -104,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true", help="print the summary of a kept --out")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    if not (Path(args.runs) / args.model / "results.jsonl").exists():
+        raise SystemExit(f"no peers run of {args.model} in {args.runs}")
     peers = read_results(Path(args.runs) / args.model / "results.jsonl")
     if args.report_only:
         print(summary(json.loads(out.read_text(encoding="utf-8")), peers))

@@ -1,5 +1,7 @@
 """captum_cw.tasks.context: the ground-truth context tasks say where their answer is, and nothing else does."""
 
+import random
+
 import pytest
 
 from captum_cw.errors import InputError
@@ -71,11 +73,23 @@ def test_a_review_judges_in_its_evidence_alone_and_never_names_the_label():
     assert len({e.evidence for e in examples}) == 4  # the evidence stands anywhere
 
 
-def test_examples_are_seeded_and_differ_across_seeds():
-    first = context_examples("job_of_description", 10, seed=3, distractors=2)
-    assert first == context_examples("job_of_description", 10, seed=3, distractors=2)
-    assert first != context_examples("job_of_description", 10, seed=4, distractors=2)
-    assert [e.id for e in first] == [f"job_of_description-{k}" for k in range(10)]
+def test_the_factual_sentences_judge_nothing():
+    judging = ("good", "bad", "nice", "great", "poor", "sadly", "luckily", "love", "hate", "enjoy", "best", "worst",
+               *(word for verdicts in VERDICTS.values() for verdict in verdicts for word in verdict.split()
+                 if word not in ("a", "and", "to", "read")))
+    for sentence in NEUTRAL:
+        assert not any(word.strip(".,").lower() in judging for word in sentence.split()), sentence
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_examples_are_seeded_and_differ_across_seeds(task):
+    first = context_examples(task, 10, seed=3, distractors=2)
+    random.seed(7)  # the generators draw from their own seeded generator, never from the global one
+    assert first == context_examples(task, 10, seed=3, distractors=2)
+    random.seed(8)
+    assert first == context_examples(task, 10, seed=3, distractors=2)
+    assert first != context_examples(task, 10, seed=4, distractors=2)
+    assert [e.id for e in first] == [f"{task}-{k}" for k in range(10)]
 
 
 def test_the_evidence_is_what_the_question_asks():

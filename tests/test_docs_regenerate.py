@@ -9,9 +9,9 @@ never on docs/ itself, and its text must equal the committed page:
   the plots must match the committed ones too. Needs the task files in the hub schema, in the folder
   ``$CAPTUM_CW_DATA`` names (MMLU's subjects are read from them); skipped without them.
 - ``<!-- peers:MODEL -->`` sections (and ``peers-heldout``, ``peers-many``, ``peers-many-heldout``,
-  ``peers-sentiment``, ``peers-sentiment-heldout``): ``benchmarks/peers.py`` on ``benchmarks/runs/peers/MODEL``
-  (``peers_heldout``, ``peers_many``, ``peers_many_heldout``, ``peers_sentiment``, ``peers_sentiment_heldout``),
-  against the reference method the section
+  ``peers-sentiment``, ``peers-sentiment-heldout``, ``peers-sentiment-plain``): ``benchmarks/peers.py`` on
+  ``benchmarks/runs/peers/MODEL`` (``peers_heldout``, ``peers_many``, ``peers_many_heldout``, ``peers_sentiment``,
+  ``peers_sentiment_heldout``, ``peers_sentiment_plain``), against the reference method the section
   names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
   ``benchmarks/runs/layer_pointing/MODEL``; ``<!-- task-accuracy:MODEL -->`` sections:
   ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``; ``<!-- yes-no-binding:MODEL -->``
@@ -48,13 +48,13 @@ DATA = Path(os.environ["CAPTUM_CW_DATA"]) if "CAPTUM_CW_DATA" in os.environ else
 REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py ([^`]*)`", re.MULTILINE)
 SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many": "peers_many",
                 "peers-many-heldout": "peers_many_heldout", "peers-sentiment": "peers_sentiment",
-                "peers-sentiment-heldout": "peers_sentiment_heldout",
+                "peers-sentiment-heldout": "peers_sentiment_heldout", "peers-sentiment-plain": "peers_sentiment_plain",
                 "layers": "layer_pointing", "task-accuracy": "task_accuracy",
                 "yes-no-binding": "yes_no_binding", "versus": "peers",
                 "versus-ablation": "peers"}  # kind: runs folder (versus: the first of the four it reads)
 SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
 PEERS_KINDS = ("peers", "peers-heldout", "peers-many", "peers-many-heldout", "peers-sentiment",
-               "peers-sentiment-heldout")  # peers.py's sections (--section)
+               "peers-sentiment-heldout", "peers-sentiment-plain")  # peers.py's sections (--section)
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
 # tables whose run folders were lost before the runs were kept; their kept summaries stand until they are rerun
 # (issue #26: "Gemma's layer-level MC run folders are cited but not kept"). Remove an entry once its folder is kept.

@@ -41,7 +41,10 @@ def test_records_are_the_models_picks_and_the_table_counts_them(smollm2, tmp_pat
     low, high = wilson_interval(hits, 5)
     assert f"| who_lives_where | plain | 2 | 5 | {hits / 5:.2f} [{low:.2f}, {high:.2f}] | 0.33 |" in page
     modal = max(sum(r["picked"] == p for r in records[5:]) for p in (" yes", " no"))
-    assert page.splitlines()[-2].endswith(f"| {modal / 5:.2f} |")  # yes_no, the table's last row
+    expected = [e.answer for e in context_examples("yes_no", 5, 0, 2)]
+    per_answer = ", ".join(f"{a.strip()} {sum(r['correct'] for r, e in zip(records[5:], expected) if e == a)}/"
+                           f"{expected.count(a)}" for a in (" yes", " no"))
+    assert page.splitlines()[-2].endswith(f"| {modal / 5:.2f} | {per_answer} |")  # yes_no, the table's last row
 
     with open(out / "results.jsonl", "a", encoding="utf-8") as results:  # a setting torn by a kill
         results.write('{"rows": [{"task": "key_value"')
@@ -69,3 +72,15 @@ def test_position_of_names_first_middle_last():
 def test_unscorable_settings_are_named_not_counted():
     rows = [{"task": "induction", "style": "plain", "distractors": 1, "unscorable": True}]
     assert "not scorable: candidates share their first token" in task_accuracy.summary_table(rows, "m")
+
+
+def test_accuracy_per_answer_counts_each_expected_answer():
+    def row(picked: str, *, correct: bool) -> dict:
+        return {"task": "review_sentiment", "candidates": 2, "picked": picked, "correct": correct}
+
+    # expected: positive, positive, negative (picked positive: wrong), negative
+    rows = [row(" positive", correct=True), row(" positive", correct=True), row(" positive", correct=False),
+            row(" negative", correct=True)]
+    assert task_accuracy.per_answer(rows, "review_sentiment", 2) == "positive 2/2, negative 1/2"
+    assert task_accuracy.per_answer([row(" yes", correct=False)], "yes_no", 1) == "yes 0/0, no 0/1"
+    assert task_accuracy.per_answer([{**row(" Paris", correct=True), "candidates": 2}], "who_lives_where", 1) == "–"

@@ -45,7 +45,7 @@ def test_each_reading_is_the_model_on_the_prompt_it_names(smollm2):
 def test_a_two_way_reading_refuses_more_candidates(smollm2):
     model, tokenizer = smollm2
     encoded = encode_example(tokenizer, context_examples("who_lives_where", 1, seed=0, distractors=2)[0], "chat")
-    with pytest.raises(AssertionError, match="two-way"):
+    with pytest.raises(ValueError, match="has 3 candidates; a two-way answer has 2"):
         two_way_target.readings(model, encoded)
 
 
@@ -62,7 +62,9 @@ def test_the_report_reads_a_kept_file(tmp_path, capsys):
     run.mkdir(parents=True)
     peers = [{"example": "e0", "method": "answered", "correct": True},
              {"example": "e0", "method": "m", "pointing": 0.0, "source_comp@1": 0.5, "lds": 0.25},
-             {"example": "e1", "method": "m", "pointing": 1.0, "source_comp@1": 2.0, "lds": None}]
+             {"example": "e1", "method": "m", "pointing": 1.0, "source_comp@1": 2.0, "lds": None},
+             {"example": "e1", "method": "nan", "pointing": 1.0, "source_comp@1": 2.0, "lds": float("nan")},
+             {"example": "e9", "method": "m", "pointing": 1.0, "source_comp@1": 9.0, "lds": 1.0}]  # not read
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in peers), encoding="utf-8")
     two_way_target.main(["--model", "smollm2-135m", "--out", str(kept), "--runs", str(tmp_path / "runs"),
                          "--report-only"])
@@ -75,3 +77,25 @@ def test_the_report_reads_a_kept_file(tmp_path, capsys):
     assert "the other label picked once the evidence is deleted: 50%" in printed
     assert "the evidence decides the pick on 1 of 2" in printed  # e1: the log-odds falls below 0 without it
     assert "m: pointing 1.00 / 0.00, source_comp@1 2.00 / 0.50, lds nan / 0.25" in printed
+    assert "nan: pointing 1.00 / nan, source_comp@1 2.00 / nan, lds nan / nan" in printed
+    with pytest.raises(SystemExit, match="no peers run of gemma-3-270m"):
+        two_way_target.main(["--model", "gemma-3-270m", "--out", str(kept), "--runs", str(tmp_path / "runs"),
+                             "--report-only"])
+
+
+def test_the_answered_examples_are_the_runs_and_a_foreign_run_is_refused(tmp_path):
+    examples = context_examples("review_sentiment", 40, seed=1, distractors=2)
+    run = tmp_path / "smollm2-135m"
+    run.mkdir()
+    (run / "settings.json").write_text(json.dumps({"style": "chat", "seed": 1}), encoding="utf-8")
+    answered = [{"example": e.id, "method": "answered", "correct": k % 3 != 0} for k, e in enumerate(examples)]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answered), encoding="utf-8")
+    found, style = two_way_target.answered_examples("smollm2-135m", tmp_path)
+    assert style == "chat"
+    assert found == [e for k, e in enumerate(examples) if k % 3 != 0]  # the same examples: the run's seed
+    with open(run / "results.jsonl", "a", encoding="utf-8") as out:
+        out.write(json.dumps({"example": "review_sentiment-45", "method": "answered", "correct": True}) + "\n")
+    with pytest.raises(SystemExit, match="beyond the first 40 of review_sentiment:2"):
+        two_way_target.answered_examples("smollm2-135m", tmp_path)
+    with pytest.raises(SystemExit, match="no peers run"):
+        two_way_target.answered_examples("gemma-3-270m", tmp_path)

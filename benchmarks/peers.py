@@ -227,6 +227,23 @@ def examples_of(args) -> list[ContextExample]:
     return examples
 
 
+def answered_examples(folder: Path, tasks: str, n: int) -> tuple[list[ContextExample], str]:
+    r"""The examples of ``tasks`` (``--tasks``; the first ``n`` of each, the run's seed) the model answered in the
+    run ``folder``, and the run's prompt style. Refuses a folder without a run, and a run whose answered examples
+    are not all among them (one made with other tasks, distractors or ``--n``, whose ids name other examples)."""
+    if not (folder / "settings.json").exists():
+        raise SystemExit(f"no peers run in {folder}; run benchmarks/peers.py --out {folder} first")
+    answered = {r["example"] for r in read_results(folder / "results.jsonl") if r["method"] == "answered"
+                and r["correct"]}
+    settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
+    args = parse_args(["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)])
+    examples = [e for e in examples_of(args) if e.id in answered]
+    if len(examples) != len(answered):
+        raise SystemExit(f"{folder} holds answered examples beyond the first {n} of {tasks}: "
+                         f"{sorted(answered - {e.id for e in examples})[:3]}")
+    return examples, settings["style"]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--model", default="smollm2-135m",

@@ -26,7 +26,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_methods import METHODS, encode_example, target_logprobs
 from peer_methods.measures import ranking, without
-from peers import examples_of, parse_args, read_results
+from peers import answered_examples
 
 from captum_cw.files import write_atomically
 from captum_cw.models import load_model
@@ -72,17 +72,14 @@ def main(argv: list[str] | None = None) -> None:
         print(summary(json.loads(out.read_text(encoding="utf-8"))))
         return
     run = Path(args.run)
-    settings = json.loads((run / "settings.json").read_text(encoding="utf-8"))
-    answered = {r["example"] for r in read_results(run / "results.jsonl") if r["method"] == "answered" and r["correct"]}
-    examples = [e for e in examples_of(parse_args(["--tasks", args.tasks, "--n", str(args.n), "--seed",
-                                                   str(settings["seed"]), "--out", str(run)]))
-                if e.id in answered and not (args.non_copy and e.copy)]
+    examples, style = answered_examples(run, args.tasks, args.n)
+    examples = [e for e in examples if not (args.non_copy and e.copy)]
     if not examples:
         parser.error(f"no answered example of --tasks {args.tasks!r} in {run}")
     model, tokenizer = load_model(args.model)
     records = []
     for example in tqdm(examples, desc=args.model):
-        encoded = encode_example(tokenizer, example, settings["style"])
+        encoded = encode_example(tokenizer, example, style)
         (full,) = target_logprobs(model, [encoded.input_ids[0].tolist()], encoded.target)  # once for every method
         records.append({"example": example.id, "answer": example.answer,
                         "top": {m: top_token(model, tokenizer, encoded, m, float(full))

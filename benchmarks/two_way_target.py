@@ -27,34 +27,15 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_methods import EncodedExample, encode_example
 from peer_methods.measures import kept_sources
-from peers import examples_of, parse_args, read_results
+from peers import answered_examples, read_results
 
 from captum_cw.files import write_atomically
 from captum_cw.models import load_model
 
-__all__ = ["CONTEXTS", "answered_examples", "main", "readings", "summary"]
+__all__ = ["CONTEXTS", "main", "readings", "summary"]
 
 RUN = Path(__file__).resolve().parent / "runs" / "peers_sentiment"
 CONTEXTS = ("whole prompt", "evidence deleted", "every source deleted")
-
-
-def answered_examples(model_name: str, runs: Path = RUN, tasks: str = "review_sentiment:2", n: int = 40
-                      ) -> tuple[list, str]:
-    r"""The examples of ``tasks`` (``peers.py --tasks``; the first ``n`` of each) the model answered in its run
-    ``runs/MODEL``, and the run's prompt style. Refuses a run whose answered examples are not all among them (a
-    run made with other tasks, distractors or ``--n``, whose ids would name other examples)."""
-    folder = runs / model_name
-    if not (folder / "settings.json").exists():
-        raise SystemExit(f"no peers run in {folder}; run benchmarks/peers.py --out {folder} first")
-    answered = {r["example"] for r in read_results(folder / "results.jsonl") if r["method"] == "answered"
-                and r["correct"]}
-    settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
-    args = parse_args(["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)])
-    examples = [e for e in examples_of(args) if e.id in answered]
-    if len(examples) != len(answered):
-        raise SystemExit(f"{folder} holds answered examples beyond the first {n} of {tasks}: "
-                         f"{sorted(answered - {e.id for e in examples})[:3]}")
-    return examples, settings["style"]
 
 
 def readings(model, encoded: EncodedExample) -> dict[str, dict[str, float]]:
@@ -122,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report_only:
         print(summary(json.loads(out.read_text(encoding="utf-8")), peers))
         return
-    examples, style = answered_examples(args.model, Path(args.runs))
+    examples, style = answered_examples(Path(args.runs) / args.model, "review_sentiment:2", 40)
     model, tokenizer = load_model(args.model)
     records = [{"example": example.id, "answer": example.answer,
                 "readings": readings(model, encode_example(tokenizer, example, style))}

@@ -12,7 +12,8 @@ from captum_cw.tasks.context import context_examples
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import two_way_target  # benchmarks/ is on the path from the line above
+import peers  # benchmarks/ is on the path from the line above
+import two_way_target
 from peer_methods import encode_example
 
 
@@ -90,12 +91,12 @@ def test_the_answered_examples_are_the_runs_and_a_foreign_run_is_refused(tmp_pat
     (run / "settings.json").write_text(json.dumps({"style": "chat", "seed": 1}), encoding="utf-8")
     answered = [{"example": e.id, "method": "answered", "correct": k % 3 != 0} for k, e in enumerate(examples)]
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answered), encoding="utf-8")
-    found, style = two_way_target.answered_examples("smollm2-135m", tmp_path)
+    found, style = peers.answered_examples(run, "review_sentiment:2", 40)
     assert style == "chat"
     assert found == [e for k, e in enumerate(examples) if k % 3 != 0]  # the same examples: the run's seed
     with open(run / "results.jsonl", "a", encoding="utf-8") as out:
         out.write(json.dumps({"example": "review_sentiment-45", "method": "answered", "correct": True}) + "\n")
     with pytest.raises(SystemExit, match="beyond the first 40 of review_sentiment:2"):
-        two_way_target.answered_examples("smollm2-135m", tmp_path)
+        peers.answered_examples(run, "review_sentiment:2", 40)
     with pytest.raises(SystemExit, match="no peers run"):
-        two_way_target.answered_examples("gemma-3-270m", tmp_path)
+        peers.answered_examples(tmp_path / "gemma-3-270m", "review_sentiment:2", 40)

@@ -193,7 +193,8 @@ def _sources(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(args.dtype))
     chat = {"auto": None, "yes": True, "no": False}[args.chat]
     explainer = SourceContributions(model, tokenizer, chat=chat, method=args.method)
-    found = explainer.attribute(sources, args.query, args.response, max_new_tokens=args.max_new_tokens)
+    found = explainer.attribute(sources, args.query, args.response, max_new_tokens=args.max_new_tokens,
+                                foil=args.foil)
     print(found.to_text())
     if args.html is not None:
         print(f"HTML written to {found.write_html(args.html).resolve()}")
@@ -312,6 +313,9 @@ def _sources_parser(commands: argparse._SubParsersAction, common: argparse.Argum
     sources.add_argument("--query", required=True, help="the question or instruction after the sources")
     sources.add_argument("--response", default=None,
                          help="the response to explain (default: the model's greedy response)")
+    sources.add_argument("--foil", default=None,
+                         help="another response to contrast it with: the scores explain log p(response) - "
+                              "log p(foil), why the response rather than the foil (twice the cost)")
     sources.add_argument("--max-new-tokens", type=int_at_least(1), default=20,
                          help="for a generated response (default: 20)")
     sources.add_argument("--chat", default="auto", choices=["auto", "yes", "no"],

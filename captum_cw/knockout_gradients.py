@@ -45,8 +45,8 @@ class KnockoutGradients:
 
     Attributes:
         scores (Tensor): ``(batch, n)`` float32, each context token's part of the targets' summed
-                    log-probability (0 outside the context).
-        objective (Tensor): ``(batch, n_steps)`` the targets' summed log-probability at each path point.
+                    log-probability (with foils, log-odds; 0 outside the context).
+        objective (Tensor): ``(batch, n_steps)`` the targets' summed log-probability (log-odds) at each path point.
         points (Tensor): ``(n_steps,)`` the gates ``t`` the gradient was read at.
     """
 
@@ -116,6 +116,7 @@ def knockout_gradients(
     attention_mask: Tensor | None = None,
     n_steps: int = 1,
     interval: tuple[float, float] = (0.0, 1.0),
+    foils: Tensor | None = None,
 ) -> KnockoutGradients:
     r"""
     Integrated Gradients of the targets' log-probability along the path that gates the context tokens' keys,
@@ -134,6 +135,8 @@ def knockout_gradients(
         interval (tuple of float, optional): ``(a, b)``, ``0 <= a < b <= 1``: the part of the path integrated.
                     ``(0, 0.1)`` reads the first tenth, from knocked out, where the gradient lies when the context
                     holds most of its rows' attention (docs/DESIGN.md, "Knockout gradients"). Default: (0.0, 1.0)
+        foils (Tensor, optional): shaped like ``targets``, a token to contrast each target with: the path then
+                    explains ``log p(target) - log p(foil)`` (why the target rather than the foil). Default: None
     Returns:
         :class:`KnockoutGradients`; with many steps the scores of an example sum to ``f(t = b) - f(t = a)``, over
         the whole path ``f(prompt) - f(context knocked out)`` (the completeness of Integrated Gradients).
@@ -145,6 +148,8 @@ def knockout_gradients(
     device = next(model.parameters()).device
     input_ids, context = input_ids.to(device), context.to(device)
     positions, targets = _checked(input_ids, context, positions.to(device), targets.to(device))
+    if foils is not None:
+        foils = foils.to(device).reshape(targets.shape[0], -1)  # [batch, t]
     layers = find_attention_layers(model)
     batch, n = input_ids.shape
     points = start + (end - start) * (torch.arange(n_steps, dtype=torch.float64) + 0.5) / n_steps  # midpoints
@@ -158,9 +163,7 @@ def knockout_gradients(
             if not isinstance(logits, Tensor) or logits.dim() != 3:
                 raise UnsupportedSetupError(f"{type(model).__name__} returns no (batch, n, vocab) logits; use a "
                                             "causal language model (AutoModelForCausalLM).")
-            if bool(((targets < 0) | (targets >= logits.shape[-1])).any()):
-                raise InputError(f"target {targets.tolist()} out of range for a vocabulary of {logits.shape[-1]}.")
-            objective = target_objective(logits, positions, targets).sum(1)  # [batch]
+            objective = target_objective(logits, positions, targets, foils).sum(1)  # [batch]
             (gradient,) = torch.autograd.grad(objective.sum(), gate)  # [batch, n]
         scores += torch.where(context, gradient, 0.0) * ((end - start) / n_steps)
         objectives.append(objective.detach())

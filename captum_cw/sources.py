@@ -54,9 +54,13 @@ class SourceAttribution:
         scores (Tensor): ``(n_sources,)`` each source's part of the response's log-probability (first-order, or
                     its knockout gradient).
         token_scores (Tensor): ``(n_response_tokens, n_sources)`` the part that passes through the row predicting
-                    each response token (the rows sum to ``scores``); NaN where the method has no such split.
+                    each response token (the rows sum to ``scores``); NaN where the method has no such split
+                    (``method="knockout"``, ``target_rows="all"``, a foil).
         log_probs (Tensor): ``(n_response_tokens,)`` the model's log-probability of each response token.
         prompt (str): the prompt as the model read it (chat template included).
+        foil (str or None): the response it was contrasted with: ``scores`` then explain ``log p(response) -
+                    log p(foil)``.
+        foil_log_probs (Tensor or None): ``(n_foil_tokens,)`` the log-probability of each foil token.
     """
 
     sources: list[str]
@@ -67,6 +71,15 @@ class SourceAttribution:
     token_scores: Tensor
     log_probs: Tensor
     prompt: str
+    foil: str | None = None
+    foil_log_probs: Tensor | None = None
+
+    def explained(self) -> str:
+        r"""What the scores explain, in words: the response's log-probability, or its log-odds against the foil."""
+        log_p = float(self.log_probs.sum())
+        if self.foil is None or self.foil_log_probs is None:
+            return f"{self.response!r} (log p = {log_p:.3f})"
+        return f"{self.response!r} rather than {self.foil!r} (log-odds = {log_p - float(self.foil_log_probs.sum()):.3f})"
 
     def ranking(self) -> list[int]:
         r"""The sources' indices, most supporting first."""
@@ -74,7 +87,7 @@ class SourceAttribution:
 
     def to_text(self, width: int = 70) -> str:
         r"""A table of the sources by score, most supporting first."""
-        lines = [f"Response: {self.response!r} (log p = {float(self.log_probs.sum()):.3f})",
+        lines = [f"Response: {self.explained()}",
                  f"{'score':>9}  source"]
         for k in self.ranking():
             text = " ".join(self.sources[k].split())
@@ -100,7 +113,7 @@ class SourceAttribution:
             "td{padding:2px 8px;vertical-align:top}td:first-child{text-align:right;font-family:monospace}"
             "</style></head><body><h1>Which sources made the model say this?</h1>"
             f"<p>{' '.join(spans)}</p><p><b>Query:</b> {html.escape(self.query)}</p>"
-            f"<p><b>Response:</b> {html.escape(self.response)} (log p = {float(self.log_probs.sum()):.3f})</p>"
+            f"<p><b>Response:</b> {html.escape(self.explained())}</p>"
             "<p>Red: the source supports the response (removing it would lower its log-probability, to first "
             "order); blue: it works against it.</p>"
             f"<table><tr><th>score</th><th>#</th><th>source</th></tr>{rows}</table></body></html>\n"
@@ -190,6 +203,7 @@ class SourceContributions:
         query: str,
         response: str | None = None,
         max_new_tokens: int = 20,
+        foil: str | None = None,
     ) -> SourceAttribution:
         r"""
         Args:
@@ -199,6 +213,9 @@ class SourceContributions:
             response (str, optional): the response to explain. Default: None (the model's greedy response, up to
                         ``max_new_tokens`` tokens)
             max_new_tokens (int, optional): for a generated response. Default: 20
+            foil (str, optional): a response to contrast it with (another answer): the scores then explain
+                        ``log p(response) - log p(foil)``, why the response rather than the foil, as the response's
+                        scores less the foil's (two passes, twice the cost). Default: None
         Returns:
             :class:`SourceAttribution`.
         """
@@ -210,31 +227,51 @@ class SourceContributions:
         prompt_ids = list(encoded["input_ids"])
         source_of = token_sources(text, [tuple(pair) for pair in encoded["offset_mapping"]], spans)
         response_ids = self._response_ids(prompt_ids, response, max_new_tokens)
-        ids = torch.tensor([prompt_ids + response_ids], device=next(self.model.parameters()).device)
-        positions = torch.arange(len(prompt_ids) - 1, ids.shape[1] - 1)[None]  # the rows that predict the response
-        membership = torch.zeros(ids.shape[1], len(texts))  # [token, source]
+        membership = torch.zeros(len(prompt_ids), len(texts))  # [token, source]
         for position, source in enumerate(source_of):
             if source >= 0:
                 membership[position, source] = 1.0
-        targets = torch.tensor([response_ids])  # [1, t]
-        no_split = torch.full((len(response_ids), len(texts)), float("nan"))
-        if self.method == "knockout":
-            context = (membership.sum(1) > 0)[None].to(ids.device)  # [1, n]
-            per_token = knockout_gradients(self.model, ids, context, positions, targets,
-                                           interval=KNOCKOUT_INTERVAL).scores[0].cpu()  # [n]
-            token_scores, log_probs = no_split, self._log_probs(ids, positions, targets)
-        else:
-            model_inputs, positional = prepare_inputs(self.model, ids, None, None, ids.device)
-            layers = [self.attention_layers[index] for index in self.layers]
-            found = target_scores(self.model, layers, None, model_inputs, positional, positions, targets,
-                                  self.target_rows)
-            per_token = found.scores[0].sum(0).cpu()  # [n]: summed over layers
-            token_scores = found.per_target[0].sum(1).cpu() @ membership if found.per_target is not None else no_split
-            log_probs = found.objective[0].cpu()
+        per_token, token_scores, log_probs = self._scores(prompt_ids, response_ids, membership)
+        foil_ids, foil_log_probs = None, None
+        if foil is not None:
+            if not isinstance(foil, str) or not foil:
+                raise InputError(f"foil must be a non-empty text (another response), got {foil!r}.")
+            foil_ids = self._response_ids(prompt_ids, foil, max_new_tokens)
+            if foil_ids == response_ids:
+                raise InputError(f"the foil {foil!r} is the response itself; contrast it with another response.")
+            foil_scores, _, foil_log_probs = self._scores(prompt_ids, foil_ids, membership)
+            per_token = per_token - foil_scores
+            token_scores = torch.full_like(token_scores, float("nan"))  # two responses: no shared token rows
         return SourceAttribution(
             sources=texts, query=query, response=str(self.tokenizer.decode(response_ids)),
             response_tokens=list(self.tokenizer.convert_ids_to_tokens(response_ids)), scores=per_token @ membership,
-            token_scores=token_scores, log_probs=log_probs, prompt=text)
+            token_scores=token_scores, log_probs=log_probs, prompt=text,
+            foil=None if foil_ids is None else str(self.tokenizer.decode(foil_ids)), foil_log_probs=foil_log_probs)
+
+    def _scores(self, prompt_ids: list[int], response_ids: list[int], membership: Tensor) -> tuple[
+            Tensor, Tensor, Tensor]:
+        r"""Each prompt token's score for ``log p(response)`` ``(n_prompt,)``, the per response token split into
+        sources ``(t, n_sources)`` (NaN where the method has none), and the response tokens' log-probabilities
+        ``(t,)``."""
+        ids = torch.tensor([prompt_ids + response_ids], device=next(self.model.parameters()).device)
+        positions = torch.arange(len(prompt_ids) - 1, ids.shape[1] - 1)[None]  # the rows that predict the response
+        targets = torch.tensor([response_ids])  # [1, t]
+        n = len(prompt_ids)
+        no_split = torch.full((len(response_ids), membership.shape[1]), float("nan"))
+        if self.method == "knockout":
+            context = torch.zeros(1, ids.shape[1], dtype=torch.bool, device=ids.device)  # [1, n + t]
+            context[0, :n] = membership.sum(1) > 0
+            per_token = knockout_gradients(self.model, ids, context, positions, targets,
+                                           interval=KNOCKOUT_INTERVAL).scores[0, :n].cpu()  # [n]
+            return per_token, no_split, self._log_probs(ids, positions, targets)
+        model_inputs, positional = prepare_inputs(self.model, ids, None, None, ids.device)
+        layers = [self.attention_layers[index] for index in self.layers]
+        found = target_scores(self.model, layers, None, model_inputs, positional, positions, targets,
+                              self.target_rows)
+        per_token = found.scores[0].sum(0).cpu()[:n]  # [n]: summed over layers
+        token_scores = (found.per_target[0].sum(1).cpu()[:, :n] @ membership if found.per_target is not None
+                        else no_split)
+        return per_token, token_scores, found.objective[0].cpu()
 
     @torch.no_grad()
     def _log_probs(self, ids: Tensor, positions: Tensor, targets: Tensor) -> Tensor:

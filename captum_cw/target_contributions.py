@@ -51,7 +51,8 @@ class TargetScores:
         totals (Tensor): ``(batch, n_layers)`` what each layer's scores sum to by the identity, computed from the
                     layer's own attention output (its output projection's output less its bias) and the gradient,
                     not from the scores.
-        objective (Tensor): ``(batch, n_targets)`` each target's log-probability.
+        objective (Tensor): ``(batch, n_targets)`` each target's log-probability (with foils, its log-odds against
+                    its foil).
         attention (Tensor): ``(batch, n_layers, n)`` the explained rows' attention weights, mean over heads and
                     the targets' rows.
         output (Any): the model's output.
@@ -65,24 +66,38 @@ class TargetScores:
     output: Any
 
 
-def target_objective(logits: Tensor, positions: Tensor, targets: Tensor) -> Tensor:
+def target_objective(logits: Tensor, positions: Tensor, targets: Tensor, foils: Tensor | None = None) -> Tensor:
     r"""
-    Each target's log-probability: ``(batch, n_targets)``.
+    Each target's log-probability, or with ``foils`` its log-odds against each foil: ``(batch, n_targets)``.
 
     Args:
         logits (Tensor): ``(batch, n, vocab)`` of a language model (read at ``positions``) or ``(batch, classes)``
                     of a classifier.
         positions (Tensor): ``(batch, n_targets)`` long, where each target is read.
         targets (Tensor): ``(batch, n_targets)`` long, the tokens or classes.
+        foils (Tensor, optional): shaped like ``targets``, the token or class each target is contrasted with:
+                    ``log p(target) - log p(foil)`` at the same position (the difference of their logits), the
+                    question "why this rather than that". Default: None (the log-probability)
     """
     if logits.dim() == 3:
         rows = logits[torch.arange(len(positions), device=logits.device)[:, None], positions]  # [batch, t, vocab]
     else:
         rows = logits[:, None].expand(-1, targets.shape[1], -1)  # [batch, t, classes]
-    if not bool(((targets >= 0) & (targets < rows.shape[-1])).all()):
-        raise InputError(f"target {targets.tolist()} out of range: the model's output has {rows.shape[-1]} "
-                         "entries per position (token ids of its vocabulary, or classes).")
-    return rows.float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
+    for name, tokens in (("target", targets), ("foil", foils)):
+        if tokens is not None and not bool(((tokens >= 0) & (tokens < rows.shape[-1])).all()):
+            raise InputError(f"{name} {tokens.tolist()} out of range: the model's output has {rows.shape[-1]} "
+                             "entries per position (token ids of its vocabulary, or classes).")
+    log_probs = rows.float().log_softmax(-1)  # [batch, t, vocab]
+    objective = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # [batch, t]
+    if foils is None:
+        return objective
+    if foils.shape != targets.shape:
+        raise InputError(f"foils of shape {tuple(foils.shape)} for targets of shape {tuple(targets.shape)}: pass one "
+                         "foil per target.")
+    if bool((foils == targets).any()):
+        raise InputError("a foil equals its target, so their log-odds is 0 whatever the input: contrast the target "
+                         "with another token or class.")
+    return objective - log_probs.gather(-1, foils[..., None]).squeeze(-1)
 
 
 def _requiring_grad(model: nn.Module, model_inputs: ModelInputs) -> Any:
@@ -108,13 +123,13 @@ class _DifferentiatedPass(NamedTuple):
     projected: dict[int, Tensor]  # the output projection's output [batch, n, d_model]
     values: dict[int, Tensor]  # the value vectors the kernel read [batch, kv_head, n, d_head]
     gradients: tuple[Tensor | None, ...]  # of the objective: each projected output, then (rows="all") each values
-    objective: Tensor  # [batch, n_targets] each target's log-probability
+    objective: Tensor  # [batch, n_targets] each target's log-probability (or log-odds against its foil)
     output: Any  # the model's output
 
 
 def _differentiated_pass(model: nn.Module, layers: Sequence[AttentionLayer], model_inputs: ModelInputs,
-                         positional: tuple[Any, ...], wanted: Tensor, positions: Tensor, targets: Tensor, *,
-                         rows: str, verify: bool) -> _DifferentiatedPass:
+                         positional: tuple[Any, ...], wanted: Tensor, positions: Tensor, targets: Tensor,
+                         foils: Tensor | None, *, rows: str, verify: bool) -> _DifferentiatedPass:
     r"""One forward pass with the autograd graph, keeping the geometry of the ``wanted`` rows and each layer's
     attention output (and value vectors), and one backward pass of the targets' objective to them."""
     explained: dict[int, HeadGeometry] = {}
@@ -142,7 +157,7 @@ def _differentiated_pass(model: nn.Module, layers: Sequence[AttentionLayer], mod
                                         "read from: use a model with a language-modelling or classification head "
                                         "(e.g. AutoModelForCausalLM), or leave target out.")
         with torch.enable_grad():
-            objective = target_objective(logits, positions, targets)
+            objective = target_objective(logits, positions, targets, foils)
         differentiated = [projected[k] for k in range(len(layers))]
         if rows == "all":
             differentiated += [values[k] for k in range(len(layers))]
@@ -165,6 +180,7 @@ def target_scores(
     targets: Tensor,
     rows: str = "explained",
     *,
+    foils: Tensor | None = None,
     verify: bool = True,
 ) -> TargetScores:
     r"""
@@ -181,6 +197,9 @@ def target_scores(
         targets (Tensor): shaped like ``positions``, each target token or class; several targets of an example
                     (a response) are explained together, as the sum of their log-probabilities.
         rows (str, optional): ``"explained"`` (the explained row) or ``"all"`` (every row). Default: ``"explained"``
+        foils (Tensor, optional): shaped like ``targets``, a token or class to contrast each target with: the
+                    scores then explain ``log p(target) - log p(foil)`` (:func:`target_objective`), which is linear in
+                    the gradient, so they equal the target's scores less the foil's. Default: None
         verify (bool, optional): run the self-check. Default: True
     Returns:
         :class:`TargetScores`.
@@ -196,10 +215,12 @@ def target_scores(
     if positions.shape != targets.shape:
         raise InputError(f"{targets.shape[1]} targets per example for {positions.shape[1]} positions; pass one "
                          "position per target.")
+    if foils is not None:
+        foils = foils.to(device).reshape(len(foils), -1)  # [batch, t]
     wanted = positions.unique()  # the explained rows of the batch, sorted
     slot = torch.searchsorted(wanted, positions)  # [batch, t] each target's row among them
-    found = _differentiated_pass(model, layers, model_inputs, positional, wanted, positions, targets, rows=rows,
-                                 verify=verify)
+    found = _differentiated_pass(model, layers, model_inputs, positional, wanted, positions, targets, foils,
+                                 rows=rows, verify=verify)
     explained, projected, values, gradients = found.explained, found.projected, found.values, found.gradients
     batch = torch.arange(len(positions), device=device)[:, None]  # [batch, 1]
     per_layer, per_target, totals, attention = [], [], [], []

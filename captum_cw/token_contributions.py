@@ -149,6 +149,7 @@ class TokenContributions(Attribution):
         additional_forward_args: Mapping[str, Any] | Sequence[Any] | None = None,
         position: Position = None,
         exclude: Exclusion = None,
+        foil: Any = None,
         **captum_arguments: Any,
     ) -> Tensor | tuple[Tensor]:
         r"""
@@ -182,6 +183,11 @@ class TokenContributions(Attribution):
                         the first token (e.g. [CLS]) for encoders and vision models.
             exclude (str, Sequence[int] or Tensor, optional): as in the constructor;
                         overrides it. Default: the constructor's
+            foil (int, Sequence[int] or Tensor, optional): with ``target``, the token or
+                        class to contrast it with, like ``target`` one for the batch or
+                        one per example: the scores then explain the log-odds
+                        ``log p(target) - log p(foil)``, why the target rather than the
+                        foil (the target's scores less the foil's). Default: None
 
         Returns:
             *Tensor* float32 ``(batch, n)``, like the token ids: padded tokens are
@@ -192,19 +198,21 @@ class TokenContributions(Attribution):
         """
         refuse_captum_arguments("TokenContributions.attribute", captum_arguments,
                                 ("inputs", "target", "attention_mask", "additional_forward_args", "position",
-                                 "exclude"))
+                                 "exclude", "foil"))
         is_tuple, main = untuple(inputs)
         refuse_noisy_token_ids(self.model, main, "TokenContributions.attribute")
         position = self.position if position is None else position
         exclude = self.exclude if exclude is None else exclude
         check_exclusion(exclude)
+        if foil is not None and target is None:
+            raise InputError("foil is what a target is contrasted with: pass target too, or leave foil out.")
         if target is not None and self.layer_aggregation == "rollout":
             raise InputError("layer_aggregation='rollout' composes attention-like scores through the layers; a "
                              "target's first-order parts add up over layers instead: use 'mean', 'last' or "
                              "'magnitude'.")
         call = prepare_call(self.model, main, attention_mask, additional_forward_args, Positions(None))
         score = self._token_scores if call.inputs.is_text else self._pixel_scores
-        scores = score(call, position, target, exclude)
+        scores = score(call, position, target, exclude, foil)
         return (scores,) if is_tuple else scores
 
     def _layer_scores(self, call: PreparedCall, positions: Positions, *, with_attention: bool
@@ -225,21 +233,23 @@ class TokenContributions(Attribution):
         return aggregate_layers(scores, rows[:, None], self.layer_aggregation)[:, 0]
 
     def _target_scores(self, model_inputs: ModelInputs, positional: tuple[Any, ...], positions: Tensor,
-                       target: Any) -> tuple[Tensor, Tensor]:
+                       target: Any, foil: Any) -> tuple[Tensor, Tensor]:
         r"""Each token's first-order part of the target, layers aggregated, ``(batch, n)``, and the explained
         row's attention per layer (mean over heads) ``(batch, layers, n)``, for the sinks."""
         batch = len(positions)
         targets = _example_targets(target, batch)
+        foils = None if foil is None else _example_targets(foil, batch, "foil")
         attributor = self.attributor
         layers = [attributor.attention_layers[index] for index in attributor.layers]
         heads = None if attributor.heads == list(range(attributor.n_heads)) else attributor.heads
         found = target_scores(self.model, layers, heads, model_inputs, positional, positions, targets,
-                              self.target_rows, verify=attributor.verify)
+                              self.target_rows, foils=foils, verify=attributor.verify)
         per_layer = in_forward_order(found.scores, attributor.layers)  # [batch, layer, n]
         scores = over_layers(per_layer, self.layer_aggregation, 1)
         return scores, in_forward_order(found.attention, attributor.layers)
 
-    def _token_scores(self, call: PreparedCall, position: Position, target: Any, exclude: Exclusion) -> Tensor:
+    def _token_scores(self, call: PreparedCall, position: Position, target: Any, exclude: Exclusion,
+                      foil: Any) -> Tensor:
         model_inputs = call.inputs
         batch, n = model_inputs.main.shape
         padding = model_inputs.padding_mask
@@ -247,7 +257,7 @@ class TokenContributions(Attribution):
         attention = None  # [batch, layer, n] the explained rows' attention, for exclude="sinks"
         if target is not None:
             result, attention = self._target_scores(model_inputs, call.positional,
-                                                    positions.to(model_inputs.main.device), target)
+                                                    positions.to(model_inputs.main.device), target, foil)
         elif self.layer_aggregation == "rollout":  # every row of every layer
             scores, attended = self._layer_scores(call, Positions(None), with_attention=exclude == "sinks")
             result = self._aggregate(scores, positions.to(scores.device))
@@ -265,7 +275,8 @@ class TokenContributions(Attribution):
             excluded = excluded | ~padding.to(excluded.device)
         return torch.where(excluded.to(result.device), 0.0, result)
 
-    def _pixel_scores(self, call: PreparedCall, position: Position, target: Any, exclude: Exclusion) -> Tensor:
+    def _pixel_scores(self, call: PreparedCall, position: Position, target: Any, exclude: Exclusion,
+                      foil: Any) -> Tensor:
         model_inputs = call.inputs
         batch, _, height, width = model_inputs.main.shape
         if exclude is not None:
@@ -282,7 +293,7 @@ class TokenContributions(Attribution):
         row = 0 if position is None else position
         if target is not None:
             rows = torch.full((batch,), row, dtype=torch.long, device=model_inputs.main.device)
-            tokens, _ = self._target_scores(model_inputs, call.positional, rows, target)  # [batch, n]
+            tokens, _ = self._target_scores(model_inputs, call.positional, rows, target, foil)  # [batch, n]
         else:
             scores, _ = self._layer_scores(call, Positions.shared([row]), with_attention=False)
             tokens = self._aggregate(scores, torch.zeros(batch, dtype=torch.long, device=scores.device))  # [batch, n]
@@ -295,14 +306,14 @@ class TokenContributions(Attribution):
         return pixels.expand_as(model_inputs.main).contiguous()
 
 
-def _example_targets(target: Any, batch: int) -> Tensor:
-    r"""One target per example, ``(batch,)`` long, from an int or one int per example."""
+def _example_targets(target: Any, batch: int, name: str = "target") -> Tensor:
+    r"""One target (or foil) per example, ``(batch,)`` long, from an int or one int per example."""
     given = torch.as_tensor(target)
     if given.dtype == torch.bool or given.is_floating_point() or given.is_complex():
-        raise InputError(f"target must be a token id or class index (int), or one per example, got {given.dtype} "
+        raise InputError(f"{name} must be a token id or class index (int), or one per example, got {given.dtype} "
                          f"{target!r}.")
     if given.dim() == 0:
         given = given.expand(batch)
     if given.shape != (batch,):
-        raise InputError(f"target has shape {tuple(given.shape)}; pass an int or one target per example ({batch},).")
+        raise InputError(f"{name} has shape {tuple(given.shape)}; pass an int or one {name} per example ({batch},).")
     return given.long()

@@ -22,6 +22,12 @@ def test_knockout_is_a_method_of_the_verb(capsys):
     assert "[1] Tom lives in Rome." in capsys.readouterr().out
 
 
+def test_a_foil_is_contrasted(capsys):
+    assert main(["sources", "--source", "Anna lives in Paris.", "--source", "Tom lives in Rome.",
+                 "--query", "Where does Tom live?", "--response", " Rome", "--foil", " Paris"]) == 0
+    assert "Response: ' Rome' rather than ' Paris' (log-odds = " in capsys.readouterr().out
+
+
 def test_sources_from_a_file(tmp_path, capsys):
     listed = tmp_path / "sources.txt"
     listed.write_text("Anna lives in Paris.\n\nTom lives in Rome.\n", encoding="utf-8")

@@ -125,13 +125,35 @@ def test_several_targets_are_explained_as_their_sum():
     torch.testing.assert_close(both.scores, one.scores + other.scores)
 
 
+def test_a_foil_is_the_gradient_of_the_log_odds_and_complete_over_the_path():
+    r"""With a foil the midpoint is the independent gate's gradient of ``log p(TARGET) - log p(FOIL)``, and many
+    steps sum to the log-odds' change between the prompt and the context knocked out."""
+    model, foil = float64_eager("llama"), 12
+    found = knockout_gradients(model, IDS, CONTEXT, torch.tensor([N - 1]), torch.tensor([TARGET]),
+                               foils=torch.tensor([foil]))
+    half = torch.where(CONTEXT[0], 0.5, 1.0).double().requires_grad_()  # [n]
+    causal = torch.full((N, N), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)  # [n, n]
+    log_probs = model(input_ids=IDS, attention_mask=(causal + half.log()[None, :])[None, None]).logits[0, -1]
+    log_probs = log_probs.log_softmax(-1)
+    (gradient,) = torch.autograd.grad(log_probs[TARGET] - log_probs[foil], half)
+    torch.testing.assert_close(found.scores[0].double(), torch.where(CONTEXT[0], gradient, 0.0), rtol=1e-5,
+                               atol=1e-7)
+    many = knockout_gradients(model, IDS, CONTEXT, torch.tensor([N - 1]), torch.tensor([TARGET]), n_steps=256,
+                              foils=torch.tensor([foil]))
+    with torch.no_grad():
+        whole = model(input_ids=IDS).logits[0, -1].log_softmax(-1)
+        without = model(input_ids=IDS, attention_mask=(~CONTEXT).long()).logits[0, -1].log_softmax(-1)
+    change = (whole[TARGET] - whole[foil]) - (without[TARGET] - without[foil])
+    assert float(many.scores.sum()) == pytest.approx(float(change), rel=1e-2)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"context": CONTEXT.long()}, "context must be a bool tensor"),
     ({"context": CONTEXT[:, :5]}, "context must be a bool tensor"),
     ({"context": torch.zeros_like(CONTEXT)}, "at least one context token"),
     ({"positions": torch.tensor([3])}, "at or after the first target position"),
     ({"positions": torch.tensor([N])}, "out of range"),
-    ({"targets": torch.tensor([64])}, "out of range for a vocabulary"),
+    ({"targets": torch.tensor([64])}, "out of range: the model.s output has"),
     ({"targets": torch.tensor([[1, 2]])}, "2 targets per example for 1 positions"),
     ({"n_steps": 0}, "n_steps must be a positive int"),
     ({"n_steps": True}, "n_steps must be a positive int"),
@@ -141,6 +163,8 @@ def test_several_targets_are_explained_as_their_sum():
     ({"interval": "0,1"}, "interval must be (a, b) with 0 <= a < b <= 1"),
     ({"interval": (0.0, True)}, "interval must be (a, b) with 0 <= a < b <= 1"),
     ({"input_ids": IDS.float()}, "input_ids must be a (batch, n) integer tensor"),
+    ({"foils": torch.tensor([TARGET])}, "a foil equals its target"),
+    ({"foils": torch.tensor([64])}, "foil .*64.* out of range"),
 ])
 def test_bad_input_is_named(change, message):
     arguments = {"input_ids": IDS, "context": CONTEXT, "positions": torch.tensor([N - 1]),

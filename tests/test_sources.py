@@ -44,29 +44,78 @@ def smollm2():
     return load_model("smollm2-135m")
 
 
+def _source_positions(found, tokenizer) -> list[list[int]]:
+    r"""Each source's token positions in the prompt (tokenized as is: SmolLM2 adds no special token), from the
+    sources' character spans (one after the other, a space apart)."""
+    offsets = tokenizer(found.prompt, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+    positions, start = [], found.prompt.index(found.sources[0])
+    for source in found.sources:
+        span = (start, start + len(source))
+        positions.append([p for p, (s, e) in enumerate(offsets)
+                          if e > s and found.prompt[s:e].strip() and span[0] <= s + len(found.prompt[s:e]) - len(
+                              found.prompt[s:e].lstrip()) and e <= span[1]])
+        start += len(source) + 1
+    return positions
+
+
+def _sum_by_source(found, tokenizer, per_token: torch.Tensor) -> torch.Tensor:
+    r"""``(n_sources,)``: ``per_token`` ``(n,)`` over the prompt's tokens summed over each source's tokens."""
+    return torch.stack([per_token[inside].double().sum() for inside in _source_positions(found, tokenizer)])
+
+
 def test_a_source_scores_the_sum_of_its_tokens(smollm2):
     model, tokenizer = smollm2
     explainer = SourceContributions(model, tokenizer, chat=False)
     found = explainer.attribute(SOURCES, "Where does Tom live?", " Tom lives in Rome.")
-    prompt = tokenizer(found.prompt, return_offsets_mapping=True)
+    prompt = tokenizer(found.prompt)["input_ids"]
     response = tokenizer(found.response, add_special_tokens=False)["input_ids"]
-    n = len(prompt["input_ids"])
-    ids = torch.tensor([prompt["input_ids"] + response])
+    n = len(prompt)
+    ids = torch.tensor([prompt + response])
     positions = list(range(n - 1, n - 1 + len(response)))
     per_token = reference("llama", model, ids, response, positions, "explained").sum(0)  # [n]: layers summed
-    expected = torch.zeros(len(SOURCES), dtype=torch.float64)
-    start = 0
-    for k, source in enumerate(SOURCES):  # the sources stand one after the other, a space apart
-        span = (start, start + len(source))
-        inside = [p for p, (s, e) in enumerate(prompt["offset_mapping"])
-                  if e > s and found.prompt[s:e].strip() and span[0] <= s + len(found.prompt[s:e]) - len(
-                      found.prompt[s:e].lstrip()) and e <= span[1]]
-        expected[k] = per_token[inside].sum()
-        start += len(source) + 1
+    expected = _sum_by_source(found, tokenizer, per_token)
     torch.testing.assert_close(found.scores.double(), expected, atol=1e-4 * expected.abs().max(), rtol=1e-3)
     torch.testing.assert_close(found.token_scores.sum(0), found.scores, atol=1e-5, rtol=1e-4)
     assert found.ranking()[0] == 1  # Tom's sentence supports "Tom lives in Rome." most
     assert found.log_probs.shape == (len(response),)
+
+
+def test_a_foil_explains_the_log_odds(smollm2):
+    r"""Why " Rome" rather than " Paris", in the chat format: the brute force's gradient of the log-odds in one
+    pass, against the explainer's two (the response's scores less the foil's); the source that names Paris works
+    against Rome. The same for the knockout gradients, against one pass with a foil."""
+    model, tokenizer = smollm2
+    found = SourceContributions(model, tokenizer).attribute(SOURCES, "Where does Tom live?", " Rome", foil=" Paris")
+    prompt = tokenizer(found.prompt, add_special_tokens=False)["input_ids"]
+    rome, paris = (tokenizer(word, add_special_tokens=False)["input_ids"] for word in (" Rome", " Paris"))
+    assert len(rome) == len(paris) == 1
+    ids = torch.tensor([prompt + rome])
+    per_token = reference("llama", model, ids, rome, [len(prompt) - 1], "explained", foil=paris).sum(0)  # [n + 1]
+    expected = _sum_by_source(found, tokenizer, per_token)
+    torch.testing.assert_close(found.scores.double(), expected, atol=1e-4 * expected.abs().max(), rtol=1e-3)
+    assert float(found.scores[0]) < 0  # Anna's sentence names Paris
+    with torch.no_grad():
+        log_probs = model(input_ids=torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
+    log_odds = float(log_probs[rome[0]] - log_probs[paris[0]])
+    assert float(found.log_probs.sum() - found.foil_log_probs.sum()) == pytest.approx(log_odds, abs=1e-4)
+    assert found.foil == " Paris" and "rather than ' Paris' (log-odds = " in found.to_text()
+    assert "rather than" in found.to_html() and bool(found.token_scores.isnan().all())
+    knockout = SourceContributions(model, tokenizer, method="knockout").attribute(
+        SOURCES, "Where does Tom live?", " Rome", foil=" Paris")
+    context = torch.zeros(1, len(prompt), dtype=torch.bool)
+    context[0, [p for inside in _source_positions(knockout, tokenizer) for p in inside]] = True
+    one_pass = knockout_gradients(model, torch.tensor([prompt]), context, torch.tensor([len(prompt) - 1]),
+                                  torch.tensor(rome), interval=(0.0, 0.1), foils=torch.tensor(paris)).scores[0]
+    torch.testing.assert_close(knockout.scores.double(), _sum_by_source(knockout, tokenizer, one_pass),
+                               atol=1e-5, rtol=1e-3)
+    assert knockout.ranking()[0] == 1 and float(knockout.scores[0]) < 0  # Tom's sentence; Anna's against
+
+
+@pytest.mark.parametrize("foil, message", [("", "foil must be a non-empty text"), (" Rome", "is the response itself")])
+def test_a_bad_foil_is_refused(smollm2, foil, message):
+    model, tokenizer = smollm2
+    with pytest.raises(InputError, match=message):
+        SourceContributions(model, tokenizer, chat=False).attribute(SOURCES, "Where?", " Rome", foil=foil)
 
 
 def test_a_generated_response_is_the_greedy_one(smollm2):

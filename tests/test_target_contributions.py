@@ -24,11 +24,12 @@ DECODERS = ["llama", "gemma3_text", "gpt2"]  # grouped heads; a post-attention n
 
 
 def reference(family_name: str, model, ids, target, position, rows: str, only_row: int | None = None,
-              **kwargs) -> torch.Tensor:
+              foil=None, **kwargs) -> torch.Tensor:
     r"""``(n_layers, n)``: ``sum_h alpha[h,i,j] <vt[h,j], g[i]>`` summed over the explained rows ``i`` (explained)
     or over every row (all), ``g`` the gradient of the targets' summed log-probability, from materialised vectors
     in float64 on one unpadded example; ``target`` and ``position`` are an int or equally long lists; with
-    ``only_row`` the terms of that explained row alone."""
+    ``only_row`` the terms of that explained row alone; with ``foil`` (like ``target``) ``g`` is the gradient of
+    the summed log-odds ``log p(target) - log p(foil)``."""
     family = FAMILIES[family_name]
     model = copy.deepcopy(model).double()
     model.set_attn_implementation("eager")
@@ -43,7 +44,10 @@ def reference(family_name: str, model, ids, target, position, rows: str, only_ro
     for hook in hooks:
         hook.remove()
     targets, positions = torch.tensor(target).reshape(-1), torch.tensor(position).reshape(-1)
-    objective = output.logits[0, positions].log_softmax(-1).gather(-1, targets[:, None]).sum()
+    log_probs = output.logits[0, positions].log_softmax(-1)  # [t, vocab]
+    objective = log_probs.gather(-1, targets[:, None]).sum()
+    if foil is not None:
+        objective = objective - log_probs.gather(-1, torch.tensor(foil).reshape(-1)[:, None]).sum()
     gradients = torch.autograd.grad(objective, projected)
     layers = []
     for layer, attention in enumerate(attentions):
@@ -61,27 +65,31 @@ def reference(family_name: str, model, ids, target, position, rows: str, only_ro
     return torch.stack(layers)
 
 
-def _per_layer(model, ids, mask, target, positions, rows):
+def _per_layer(model, ids, mask, target, positions, rows, foil=None):
     model_inputs, positional = prepare_inputs(model, ids, mask, None, torch.device("cpu"))
     layers = find_attention_layers(model)
+    foils = None if foil is None else torch.as_tensor(foil).expand(len(positions))
     return target_scores(model, layers, None, model_inputs, positional, positions, torch.as_tensor(target).expand(
-        len(positions)), rows)
+        len(positions)), rows, foils=foils)
 
 
+@pytest.mark.parametrize("foil", [None, 12])
 @pytest.mark.parametrize("rows", ["explained", "all"])
 @pytest.mark.parametrize("name", DECODERS)
-def test_each_layer_matches_the_float64_brute_force_on_a_padded_batch(name, rows):
+def test_each_layer_matches_the_float64_brute_force_on_a_padded_batch(name, rows, foil):
+    r"""With a foil, the gradient is the log-odds' (the brute force's own, not the difference of two runs)."""
     model = FAMILIES[name].build()
     ids, mask = example_inputs(FAMILIES[name])
     target = 7
     positions = torch.tensor([ids.shape[1] - 1, ids.shape[1] - 2])  # the second example's last but one
-    found = _per_layer(model, ids, mask, target, positions, rows)
+    found = _per_layer(model, ids, mask, target, positions, rows, foil)
     for b in range(len(ids)):
         real = mask[b].bool()
         own = int(positions[b]) - int((~real[: positions[b]]).sum())  # the position among its real tokens
         position_ids = FAMILIES[name].position_ids(real.nonzero().flatten())  # as the padded batch numbers them
         kwargs = {} if position_ids is None else {"position_ids": position_ids}
-        expected = reference(name, model, ids[b, real][None], target, own, rows, **kwargs)  # [layer, n_real]
+        expected = reference(name, model, ids[b, real][None], target, own, rows, foil=foil,
+                             **kwargs)  # [layer, n_real]
         scale = expected.abs().max()
         torch.testing.assert_close(found.scores[b][:, real].double(), expected, atol=2e-5 * scale, rtol=1e-3)
         assert bool((found.scores[b][:, ~real] == 0).all())  # padding reads nothing
@@ -139,6 +147,35 @@ def test_token_contributions_with_a_target_aggregates_the_layers_and_keeps_paddi
     assert (magnitude >= 0).all() and not torch.allclose(magnitude, mean.abs())  # signs no longer cancel
     unpadded = TokenContributions(model).attribute(ids[1:, 3:], target=9)
     torch.testing.assert_close(mean[1:, 3:], unpadded, atol=1e-6, rtol=1e-4)
+
+
+def test_a_foil_gives_the_log_odds_the_targets_scores_less_the_foils():
+    r"""The log-odds are linear in the gradient: with a foil the scores (and their identity's total) are the
+    target's less the foil's, per example, and the objective is the difference of the two log-probabilities."""
+    model = FAMILIES["llama"].build()
+    ids, mask = example_inputs(FAMILIES["llama"])
+    positions = torch.tensor([8, 8])
+    contrast = _per_layer(model, ids, mask, [3, 9], positions, "explained", foil=[12, 4])
+    target = _per_layer(model, ids, mask, [3, 9], positions, "explained")
+    foil = _per_layer(model, ids, mask, [12, 4], positions, "explained")
+    torch.testing.assert_close(contrast.scores, target.scores - foil.scores, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(contrast.totals, target.totals - foil.totals, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(contrast.objective, target.objective - foil.objective)
+    explained = TokenContributions(model).attribute(ids, attention_mask=mask, target=[3, 9], foil=[12, 4])
+    torch.testing.assert_close(explained, contrast.scores.mean(1) * mask)
+
+
+@pytest.mark.parametrize("foil, message", [
+    (3, "a foil equals its target"), ([1, 2, 3], "one foil per example"), (10_000, "foil .* out of range"),
+    (1.5, "foil must be a token id"),
+])
+def test_a_bad_foil_is_refused(foil, message):
+    model = FAMILIES["llama"].build()
+    ids, mask = example_inputs(FAMILIES["llama"])
+    with pytest.raises(InputError, match=message):
+        TokenContributions(model).attribute(ids, attention_mask=mask, target=3, foil=foil)
+    with pytest.raises(InputError, match="pass target too"):
+        TokenContributions(model).attribute(ids, attention_mask=mask, foil=4)
 
 
 def test_a_classifier_target_is_a_class():

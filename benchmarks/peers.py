@@ -6,7 +6,9 @@
 Methods are :data:`peer_methods.METHODS` (``--methods`` picks some; a peer that is not installed is skipped
 with its reason). An example counts only where the model answers it: the argmax over the candidates' first
 tokens is the answer's. ``--boolq-data FILE`` adds BoolQ passages (hub schema), the model's own yes/no answer
-as the target; their evidence is unknown, so they give no pointing. Results go to ``OUT/results.jsonl``, one
+as the target; their evidence is unknown, so they give no pointing. ``--contrast`` explains the log-odds of the
+answer against the model's strongest other candidate (the other answer of a two-way task) instead of its
+log-probability, in every method and every measure ("why this answer rather than that one"). Results go to ``OUT/results.jsonl``, one
 line per example and method, flushed as written: rerunning the command skips what is done. The table of
 each model replaces its own section of ``--table`` (between ``<!-- peers:MODEL -->`` markers; ``--section``
 names another, so one file holds several runs), the rest of the file is kept. ``--report-only`` writes the
@@ -42,6 +44,7 @@ from peer_methods import (  # the benchmarks folder is on the path from here on
     target_logprobs,
     unavailable,
     with_answer,
+    with_foil,
 )
 
 from captum_cw.statistics import mean_interval, wilson_interval
@@ -62,9 +65,9 @@ def _clock(model) -> float:
     return time.perf_counter()
 
 
-def answered(model, encoded: EncodedExample) -> tuple[int, float]:
-    r"""The candidate the model picks (its first token's index in ``encoded.candidates``) and the seconds of one
-    forward on the prompt, the median of three (the unit of the time ratios)."""
+def answered(model, encoded: EncodedExample) -> tuple[list[int], float]:
+    r"""The candidates (their first tokens' indices in ``encoded.candidates``) from the model's pick down, and the
+    seconds of one forward on the prompt, the median of three (the unit of the time ratios)."""
     device = next(model.parameters()).device
     seconds = []
     with torch.no_grad():
@@ -72,7 +75,8 @@ def answered(model, encoded: EncodedExample) -> tuple[int, float]:
             start = _clock(model)
             logits = model(input_ids=encoded.input_ids.to(device)).logits[0, -1]  # [vocab]
             seconds.append(_clock(model) - start)
-    return int(torch.argmax(logits[encoded.candidates])), sorted(seconds)[1]
+    order = torch.argsort(logits[encoded.candidates], descending=True, stable=True)
+    return order.tolist(), sorted(seconds)[1]
 
 
 def _append(path: Path, record: dict) -> None:
@@ -96,11 +100,13 @@ def read_results(path: Path) -> list[dict]:
 
 
 def run_example(model, tokenizer, example: ContextExample, methods: Sequence[str], done: set[tuple[str, str]],
-                lds_count: int, path: Path, model_name: str, style: str = "plain") -> None:
+                lds_count: int, path: Path, model_name: str, style: str = "plain", *, contrast: bool = False) -> None:
     r"""Scores and measures every method of ``methods`` not yet done on ``example``, one record each; an example
-    the model gets wrong gets one ``"answered"`` record with ``correct: false``."""
+    the model gets wrong gets one ``"answered"`` record with ``correct: false``. With ``contrast`` the target is
+    the log-odds of the answer against the model's strongest other candidate."""
     encoded = encode_example(tokenizer, example, style)
-    choice, forward_seconds = answered(model, encoded)
+    order, forward_seconds = answered(model, encoded)
+    choice = order[0]
     if example.task == "boolq":  # the model's own answer is the target
         encoded = encode_example(tokenizer, with_answer(example, example.candidates[choice]), style)
     base = {"model": model_name, "example": example.id, "task": example.task, "copy": example.copy}
@@ -113,7 +119,10 @@ def run_example(model, tokenizer, example: ContextExample, methods: Sequence[str
     todo = [name for name in methods if (example.id, name) not in done]
     if not todo:
         return
-    full = float(target_logprobs(model, [encoded.input_ids[0].tolist()], encoded.target)[0])
+    if contrast:  # the strongest other candidate whose first token differs from the answer's
+        encoded = with_foil(encoded, next(encoded.candidates[k] for k in order[1:]
+                                          if encoded.candidates[k] != encoded.target))
+    full = float(target_logprobs(model, [encoded.input_ids[0].tolist()], encoded.target, encoded.foil)[0])
     ablations = lds_ablations(model, encoded, lds_count, lds_seed(example.id)) if lds_count else None
     for name in todo:
         method = METHODS[name]
@@ -258,6 +267,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="prompt style (captum_cw.tasks.context.PROMPT_STYLES); auto: chat where the tokenizer "
                              "has a chat template, else facts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--contrast", action="store_true",
+                        help="explain the log-odds of the answer against the model's strongest other candidate "
+                             "(log p(answer) - log p(foil)) instead of log p(answer), in every method and measure")
     parser.add_argument("--boolq-data", help="BoolQ JSONL (question, passage, answer)")
     parser.add_argument("--boolq-n", type=int, default=60)
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated; of {', '.join(METHODS)}")
@@ -320,11 +332,11 @@ def run_model(model_source: str, out: Path, methods: Sequence[str], args: argpar
         model, tokenizer = load_model(model_source, device=args.device)
         style = args.style if args.style != "auto" else ("chat" if getattr(tokenizer, "chat_template", None)
                                                          else "facts")
-        check_settings(out, {"style": style, "seed": args.seed})
+        check_settings(out, {"style": style, "seed": args.seed, **({"target": "contrast"} if args.contrast else {})})
         done = {(r["example"], r["method"]) for r in read_results(path)}
         for example in tqdm(examples_of(args), desc=f"{Path(model_source).name} ({style})"):
             run_example(model, tokenizer, example, methods, done, args.lds_ablations, path,
-                        Path(model_source).name, style)
+                        Path(model_source).name, style, contrast=args.contrast)
 
 
 if __name__ == "__main__":

@@ -298,3 +298,114 @@ def test_target_logprobs_batches_within_the_logits_budget(smollm2, example, monk
     one_by_one = measures.target_logprobs(model, rows, example.target)
     assert one_by_one == pytest.approx([logprob(model, row, example.target) for row in rows], abs=1e-4)
     assert batched == pytest.approx(one_by_one, abs=1e-4)
+
+
+def log_odds(model, ids: list[int], target: int, foil: int) -> float:
+    return logprob(model, ids, target) - logprob(model, ids, foil)
+
+
+@pytest.fixture(scope="module")
+def contrasted(smollm2, example):
+    """The example explained as the log-odds of its answer against another candidate's first token."""
+    from peer_methods import with_foil
+
+    foil = next(c for c in example.candidates if c != example.target)
+    return with_foil(example, foil)
+
+
+def test_a_foil_makes_every_measure_read_the_log_odds(smollm2, contrasted):
+    model, _ = smollm2
+    ids, target, foil = contrasted.input_ids[0].tolist(), contrasted.target, contrasted.foil
+    full = log_odds(model, ids, target, foil)
+    scores = np.zeros(contrasted.n)
+    scores[contrasted.evidence[0]] = 1.0
+    masks, values = lds_ablations(model, contrasted, 4, seed=3)
+    result = measure(model, contrasted, scores, "token", full, (masks, values))
+    kept = [t for p, t in enumerate(ids) if p != contrasted.evidence[0]]
+    assert result["comp@1"] == pytest.approx(full - log_odds(model, kept, target, foil), abs=1e-4)
+    gone = {p for s, keep in enumerate(masks[0]) if not keep for p in contrasted.sources[s]}
+    assert values[0] == pytest.approx(log_odds(model, [t for p, t in enumerate(ids) if p not in gone], target, foil),
+                                      abs=1e-4)
+    with pytest.raises(ValueError, match="the target itself"):
+        from peer_methods import with_foil
+
+        with_foil(contrasted, target)
+
+
+def test_a_foil_makes_every_method_explain_the_log_odds(smollm2, contrasted):
+    from captum_cw import TokenContributions, knockout_gradients
+
+    model, tokenizer = smollm2
+    ids, target, foil = contrasted.input_ids, contrasted.target, contrasted.foil
+    context = torch.zeros(ids.shape, dtype=torch.bool)
+    context[0, contrasted.context] = True
+    knockout, _ = METHODS["cw_knockout_early"].score(model, tokenizer, contrasted)
+    found = knockout_gradients(model, ids, context, torch.tensor([contrasted.n - 1]), torch.tensor([target]),
+                               interval=(0.0, 0.1), foils=torch.tensor([foil]))
+    np.testing.assert_allclose(knockout, found.scores[0].double().numpy(), rtol=1e-5, atol=1e-7)
+    target_aware, _ = METHODS["cw_target"].score(model, tokenizer, contrasted)
+    expected = TokenContributions(model).attribute(ids, target=target, foil=foil)[0]
+    np.testing.assert_allclose(target_aware, expected.double().numpy(), rtol=1e-5, atol=1e-7)
+    ablation, _ = METHODS["feature_ablation"].score(model, tokenizer, contrasted)
+    position = contrasted.evidence[0]
+    mask = torch.ones_like(ids)
+    mask[0, position] = 0
+    with torch.no_grad():
+        whole = model(input_ids=ids).logits[0, -1].log_softmax(-1)
+        masked = model(input_ids=ids, attention_mask=mask).logits[0, -1].log_softmax(-1)
+    assert ablation[position] == pytest.approx(float((whole[target] - whole[foil]) - (masked[target] - masked[foil])),
+                                               abs=1e-4)
+
+
+@needs("context_cite")
+def test_contextcite_fits_the_log_odds_on_its_own_masks(smollm2, contrasted):
+    import context_cite.utils
+    from peer_methods.contextcite import _citer_class
+
+    model, tokenizer = smollm2
+    masks = np.array([context_cite.utils._create_mask(3, 0.5, seed) for seed in range(32)])
+    values = np.array([log_odds(model, _citer_class()(model, tokenizer, contrasted, 32)._get_prompt_ids(mask),
+                                contrasted.target, contrasted.foil) for mask in masks], dtype=np.float32)
+    expected, _ = context_cite.solver.LassoRegression().fit(masks, values, 1)
+    scores, forwards = METHODS["contextcite_32"].score(model, tokenizer, contrasted)
+    np.testing.assert_allclose(scores, expected, rtol=1e-3, atol=1e-4)
+    assert forwards == 32
+
+
+@needs("lxt")
+def test_attnlrp_explains_the_logit_difference_with_a_foil(example):
+    from peer_methods.attnlrp import attnlrp, attnlrp_rules
+
+    model = FAMILIES["llama"].build()
+    ids = torch.tensor([[3, 7, 1, 9, 4, 2]])
+    tiny = dataclasses.replace(example, input_ids=ids, target=5, foil=8)
+
+    def relevance(token: int) -> torch.Tensor:
+        with attnlrp_rules(model):
+            embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+            (gradient,) = torch.autograd.grad(model(inputs_embeds=embeddings).logits[0, -1, token], embeddings)
+        return (embeddings * gradient).sum(-1)[0].detach().double()
+
+    scores, _ = attnlrp(model, None, tiny)
+    np.testing.assert_allclose(scores, (relevance(5) - relevance(8)).numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_the_harness_contrasts_the_answer_with_the_strongest_other_candidate(smollm2, tmp_path, monkeypatch):
+    model, tokenizer = smollm2
+    monkeypatch.setattr("captum_cw.models.load_model", lambda *args, **kwargs: (model, tokenizer))
+    argv = ["--tasks", "who_lives_where", "--n", "3", "--methods", "random", "--lds-ablations", "0",
+            "--out", str(tmp_path / "run")]
+    peers.main([*argv, "--contrast"])
+    assert json.loads((tmp_path / "run" / "settings.json").read_text())["target"] == "contrast"
+    example = context_examples("who_lives_where", 3, 0, 2)[2]
+    encoded = encode_example(tokenizer, example)
+    with torch.no_grad():
+        logits = model(input_ids=encoded.input_ids).logits[0, -1]
+    others = [c for c in encoded.candidates if c != encoded.target]
+    foil = max(others, key=lambda c: float(logits[c]))
+    record = next(r for r in peers.read_results(tmp_path / "run" / "results.jsonl")
+                  if r["example"] == example.id and r["method"] == "random")
+    assert record["target_logprob"] == pytest.approx(
+        log_odds(model, encoded.input_ids[0].tolist(), encoded.target, foil), abs=1e-4)
+    with pytest.raises(SystemExit, match="holds results made with"):
+        peers.main(argv)  # a log-probability run does not add to a contrast run's folder

@@ -18,7 +18,8 @@ The adapter, all outside lxt's package:
   the repeat of grouped heads, and under lxt Gemma's q/k norms, whose scale is a constant), so the gradient
   that reaches the projections is divided exactly as lxt divides it;
 * relevance is gradient times input at the input embeddings, summed over the hidden size, as lxt's examples
-  do, for the answer's first-token **logit** at the last position (LRP explains a logit).
+  do, for the answer's first-token **logit** at the last position (LRP explains a logit); with a foil, for the
+  difference of the answer's and the foil's logits (the log-odds, a contrastive output LRP explains alike).
 """
 
 from __future__ import annotations
@@ -92,12 +93,16 @@ def attnlrp_rules(model: nn.Module) -> Iterator[None]:
 
 
 def attnlrp(model: nn.Module, tokenizer: Any, encoded: EncodedExample) -> tuple[np.ndarray, int]:
-    r"""AttnLRP relevance of each input token for the answer's first-token logit at the last position."""
+    r"""AttnLRP relevance of each input token for the answer's first-token logit at the last position (less the
+    foil's logit where the example has a foil)."""
     device = next(model.parameters()).device
     with attnlrp_rules(model), torch.enable_grad():
         embeddings = model.get_input_embeddings()(encoded.input_ids.to(device)).detach().requires_grad_(True)
         logits = model(inputs_embeds=embeddings).logits  # [1, n, vocab]
-        (gradient,) = torch.autograd.grad(logits[0, -1, encoded.target], embeddings)  # [1, n, hidden]
+        explained = logits[0, -1, encoded.target]
+        if encoded.foil is not None:
+            explained = explained - logits[0, -1, encoded.foil]
+        (gradient,) = torch.autograd.grad(explained, embeddings)  # [1, n, hidden]
     relevance = (embeddings * gradient).sum(-1)[0]  # [n]
     return relevance.detach().double().cpu().numpy(), 2
 

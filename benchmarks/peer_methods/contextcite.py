@@ -12,7 +12,10 @@ template. The adaptation, all outside its package:
   chat template) and ``_response_ids`` is the answer's first token (no generation);
 * the scores are ``_get_attributions_for_ids_range(0, 1)``: what ``get_attributions()`` returns for the first
   response token, without its character-to-token mapping of a generated response. Its LASSO solver, ablation
-  masks (keep rate 0.5) and logit-probability target are its own.
+  masks (keep rate 0.5) and logit-probability target are its own;
+* with a foil (``EncodedExample.foil``; ContextCite has no contrast of its own) its target is the log-odds
+  ``log p(answer) - log p(foil)`` on the same ablations (its own masks, ``context_cite.utils._create_mask`` with
+  its seeds), fitted by its own solver: :meth:`OfflineCiter.contrast_attributions`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 from torch import nn
 
 from .encoding import EncodedExample
+from .measures import target_logprobs
 from .methods import PeerMethod, register
 
 __all__ = ["contextcite_method", "load_context_cite"]
@@ -113,6 +117,17 @@ def _citer_class() -> type:
         def _response_ids(self) -> list[int]:
             return [self.encoded.target]
 
+        def contrast_attributions(self) -> np.ndarray:
+            r"""``(sources,)`` ContextCite's solver fitted to the log-odds of the answer against the foil on its
+            own ablation masks (one forward per ablation, as for its own target)."""
+            create_mask = sys.modules["context_cite.utils"]._create_mask
+            masks = np.array([create_mask(self.num_sources, self.ablation_keep_prob, seed)
+                              for seed in range(self.num_ablations)])  # [ablations, sources] kept
+            values = target_logprobs(self.model, [self._get_prompt_ids(mask=mask) for mask in masks],
+                                     self.encoded.target, self.encoded.foil)  # [ablations]
+            weights, _ = self.solver.fit(masks, values.astype(np.float32), 1)
+            return np.asarray(weights, dtype=float)
+
     return OfflineCiter
 
 
@@ -120,6 +135,8 @@ def contextcite_method(ablations: int) -> PeerMethod:
     r"""ContextCite with ``ablations`` ablations (source level)."""
     def score(model: nn.Module, tokenizer: Any, encoded: EncodedExample) -> tuple[np.ndarray, int]:
         citer = _citer_class()(model, tokenizer, encoded, ablations)
+        if encoded.foil is not None:
+            return citer.contrast_attributions(), ablations
         weights, _ = citer._get_attributions_for_ids_range(0, 1)
         return np.asarray(weights, dtype=float), ablations
     return PeerMethod(f"contextcite_{ablations}", score, "source", ("context_cite", "pandas", "sklearn"))

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from captum_cw.tasks.context import ContextExample, prompt_text
 
-__all__ = ["EncodedExample", "boolq_examples", "encode_example", "first_token", "with_answer"]
+__all__ = ["EncodedExample", "boolq_examples", "encode_example", "first_token", "with_answer", "with_foil"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class EncodedExample:
         copy (list[int]): positions of the in-context copy of the answer (empty where the context has none).
         target (int): the answer's first token id, explained at the last position.
         candidates (list[int]): each candidate's first token id.
+        foil (int or None): a token the target is contrasted with: every method and measure then explains the
+                    log-odds ``log p(target) - log p(foil)`` instead of ``log p(target)`` (:func:`with_foil`).
     """
 
     example: ContextExample
@@ -43,6 +45,7 @@ class EncodedExample:
     copy: list[int]
     target: int
     candidates: list[int]
+    foil: int | None = None
 
     @property
     def n(self) -> int:
@@ -124,3 +127,10 @@ def boolq_examples(path: str | Path, n: int) -> list[ContextExample]:
 def with_answer(example: ContextExample, answer: str) -> ContextExample:
     r"""The example with ``answer`` (one of its candidates) as the answer explained."""
     return replace(example, answer=answer)
+
+
+def with_foil(encoded: EncodedExample, foil: int) -> EncodedExample:
+    r"""The encoded example explained as the log-odds of its target against ``foil`` (another token)."""
+    if foil == encoded.target:
+        raise ValueError(f"the foil {foil} is the target itself; contrast it with another candidate's token.")
+    return replace(encoded, foil=foil)

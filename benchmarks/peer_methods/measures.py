@@ -1,7 +1,8 @@
 """What a method's scores are worth on one example: pointing, evidence mass, comprehensiveness, sufficiency, LDS.
 
 Every removal deletes tokens from the input ids (the model reads the prompt without them); the target is the
-log-probability of the answer's first token at the last position. Token-level scores are ``(n,)`` over the
+log-probability of the answer's first token at the last position, or with a foil (``EncodedExample.foil``) its
+log-odds against the foil's token. Token-level scores are ``(n,)`` over the
 prompt's positions (only the context's count); source-level scores are ``(sources,)``.
 """
 
@@ -26,9 +27,11 @@ LOGITS_BUDGET = 2**28  # logits (rows x width x vocab) per forward of target_log
 
 
 @torch.no_grad()
-def target_logprobs(model: nn.Module, rows: Sequence[Sequence[int]], target: int, batch_size: int = 16) -> np.ndarray:
+def target_logprobs(model: nn.Module, rows: Sequence[Sequence[int]], target: int, foil: int | None = None,
+                    batch_size: int = 16) -> np.ndarray:
     r"""
-    The log-probability of ``target`` after each row of ids (rows of any lengths, run right-padded).
+    The log-probability of ``target`` after each row of ids (rows of any lengths, run right-padded); with ``foil``
+    the log-odds ``log p(target) - log p(foil)``.
 
     Returns:
         ``(len(rows),)`` float64.
@@ -46,7 +49,9 @@ def target_logprobs(model: nn.Module, rows: Sequence[Sequence[int]], target: int
         logits = model(input_ids=ids, attention_mask=mask).logits  # [b, width, vocab]
         last = torch.tensor([len(row) - 1 for row in chunk], device=device)
         rows_logits = logits[torch.arange(len(chunk), device=device), last].double()  # [b, vocab]
-        values.append(rows_logits.log_softmax(-1)[:, target].cpu().numpy())
+        log_probs = rows_logits.log_softmax(-1)  # [b, vocab]
+        value = log_probs[:, target] if foil is None else log_probs[:, target] - log_probs[:, foil]
+        values.append(value.cpu().numpy())
     return np.concatenate(values)
 
 
@@ -103,7 +108,8 @@ def lds_ablations(model: nn.Module, encoded: EncodedExample, count: int, seed: i
         ``(masks (count, sources) bool: kept, logprobs (count,))``.
     """
     masks = lds_masks(len(encoded.sources), count, seed)
-    return masks, target_logprobs(model, [kept_sources(encoded, mask) for mask in masks], encoded.target)
+    return masks, target_logprobs(model, [kept_sources(encoded, mask) for mask in masks], encoded.target,
+                                  encoded.foil)
 
 
 def lds_masks(sources: int, count: int, seed: int) -> np.ndarray:
@@ -133,7 +139,7 @@ def measure(model: nn.Module, encoded: EncodedExample, scores: np.ndarray, level
         encoded (EncodedExample): the example.
         scores (ndarray): ``(n,)`` token scores or ``(sources,)`` source scores.
         level (str): ``"token"`` or ``"source"``.
-        full (float): the target log-probability on the whole prompt.
+        full (float): the target log-probability (with a foil, log-odds) on the whole prompt.
         ablations (tuple, optional): :func:`lds_ablations`'s masks and log-probabilities.
     Returns:
         ``pointing``, ``evidence_mass`` (None where the evidence is unknown), ``comp@k``, ``suff@k`` (None for
@@ -164,7 +170,7 @@ def measure(model: nn.Module, encoded: EncodedExample, scores: np.ndarray, level
             names.append(f"suff@{k}")
     rows.append(without(encoded, encoded.sources[int(ranking(per_source)[0])]))
     names.append("source_comp@1")
-    drops = full - target_logprobs(model, rows, encoded.target)
+    drops = full - target_logprobs(model, rows, encoded.target, encoded.foil)
     result.update({name: None for k in KS for name in (f"comp@{k}", f"suff@{k}")})
     result.update({name: float(drop) for name, drop in zip(names, drops)})
     if ablations is not None:

@@ -77,8 +77,8 @@ def token_contributions(metric: str, layer_aggregation: str, target_rows: str | 
             _EXPLAINERS[key] = TokenContributions(model, metric=metric, layer_aggregation=layer_aggregation,
                                                   target_rows=target_rows or "explained")
         device = next(model.parameters()).device
-        target = None if target_rows is None else encoded.target
-        row = _EXPLAINERS[key].attribute(encoded.input_ids.to(device), target=target)[0]  # [n]
+        target, foil = (None, None) if target_rows is None else (encoded.target, encoded.foil)
+        row = _EXPLAINERS[key].attribute(encoded.input_ids.to(device), target=target, foil=foil)[0]  # [n]
         return row.detach().double().cpu().numpy(), 1 if target_rows is None else 2
     return score
 
@@ -91,8 +91,9 @@ def knockout(interval: tuple[float, float]) -> Scorer:
         device = next(model.parameters()).device
         context = torch.zeros(encoded.input_ids.shape, dtype=torch.bool)  # [1, n]
         context[0, encoded.context] = True
+        foils = None if encoded.foil is None else torch.tensor([encoded.foil])
         found = knockout_gradients(model, encoded.input_ids.to(device), context, torch.tensor([encoded.n - 1]),
-                                   torch.tensor([encoded.target]), interval=interval)
+                                   torch.tensor([encoded.target]), interval=interval, foils=foils)
         return found.scores[0].double().cpu().numpy(), 2
     return score
 
@@ -113,11 +114,14 @@ def answer_copy(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[n
     return scores, 0
 
 
-def _logprob_of(model: nn.Module, target: int) -> Callable[..., torch.Tensor]:
+def _logprob_of(model: nn.Module, target: int, foil: int | None = None) -> Callable[..., torch.Tensor]:
+    r"""The forward function of the Captum methods: ``log p(target)`` at the last position, or with ``foil`` the
+    log-odds ``log p(target) - log p(foil)``, ``(batch,)``."""
     def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         # the output layer on the last position only: [batch, n, vocab] logits of a long passage fill the memory
         logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1).logits[:, -1]
-        return logits.float().log_softmax(-1)[:, target]  # [batch]
+        log_probs = logits.float().log_softmax(-1)  # [batch, vocab]
+        return log_probs[:, target] if foil is None else log_probs[:, target] - log_probs[:, foil]
     return forward
 
 
@@ -131,7 +135,7 @@ def feature_ablation(model: nn.Module, tokenizer, encoded: EncodedExample) -> tu
     device = next(model.parameters()).device
     ids = encoded.input_ids.to(device)  # [1, n]
     context = torch.tensor(encoded.context, device=device)
-    forward = _logprob_of(model, encoded.target)
+    forward = _logprob_of(model, encoded.target, encoded.foil)
 
     def masked(context_mask: torch.Tensor) -> torch.Tensor:  # [batch, c] 1 kept, 0 ablated
         mask = torch.ones(context_mask.shape[0], ids.shape[1], dtype=torch.long, device=device)
@@ -161,7 +165,8 @@ def integrated_gradients(model: nn.Module, tokenizer, encoded: EncodedExample, s
     ids = encoded.input_ids.to(device)  # [1, n]
     baseline = ids.clone()
     baseline[0, encoded.context] = tokenizer.pad_token_id
-    explainer = LayerIntegratedGradients(_logprob_of(model, encoded.target), model.get_input_embeddings())
+    explainer = LayerIntegratedGradients(_logprob_of(model, encoded.target, encoded.foil),
+                                         model.get_input_embeddings())
     batch = max(1, min(steps, IG_TOKENS // encoded.n))  # steps per backward: a long passage's activations are large
     scores = explainer.attribute(ids, baselines=baseline, n_steps=steps, internal_batch_size=batch)  # [1, n, d]
     return scores[0].sum(-1).detach().double().cpu().numpy(), 2 * steps

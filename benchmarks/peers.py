@@ -8,12 +8,13 @@ with its reason). An example counts only where the model answers it: the argmax 
 tokens is the answer's. ``--boolq-data FILE`` adds BoolQ passages (hub schema), the model's own yes/no answer
 as the target; their evidence is unknown, so they give no pointing. ``--contrast`` explains the log-odds of the
 answer against the model's strongest other candidate (the other answer of a two-way task) instead of its
-log-probability, in every method and every measure ("why this answer rather than that one"). Results go to ``OUT/results.jsonl``, one
-line per example and method, flushed as written: rerunning the command skips what is done. The table of
-each model replaces its own section of ``--table`` (between ``<!-- peers:MODEL -->`` markers; ``--section``
-names another, so one file holds several runs), the rest of the file is kept. ``--report-only`` writes the
-table from the results so far (the same in any environment: it lists no missing peer). docs/PEERS.md says
-what each measure is and what was changed in each peer to run offline.
+log-probability, in every method and every measure ("why this answer rather than that one"; the records'
+``target_logprob`` is then the log-odds). Results go to ``OUT/results.jsonl``, one line per example and method,
+flushed as written: rerunning the command skips what is done. The table of each model replaces its own section
+of ``--table`` (between ``<!-- peers:MODEL -->`` markers; ``--section`` names another, so one file holds several
+runs), the rest of the file is kept. ``--report-only`` writes the table from the results so far (the same in any
+environment: it lists no missing peer). docs/PEERS.md says what each measure is and what was changed in each peer
+to run offline.
 """
 
 from __future__ import annotations
@@ -120,8 +121,11 @@ def run_example(model, tokenizer, example: ContextExample, methods: Sequence[str
     if not todo:
         return
     if contrast:  # the strongest other candidate whose first token differs from the answer's
-        encoded = with_foil(encoded, next(encoded.candidates[k] for k in order[1:]
-                                          if encoded.candidates[k] != encoded.target))
+        foil = next((encoded.candidates[k] for k in order[1:] if encoded.candidates[k] != encoded.target), None)
+        if foil is None:
+            raise SystemExit(f"{example.id}: every other candidate starts with the answer's token, so --contrast "
+                             "has no foil; leave --contrast out for this task.")
+        encoded = with_foil(encoded, foil)
     full = float(target_logprobs(model, [encoded.input_ids[0].tolist()], encoded.target, encoded.foil)[0])
     ablations = lds_ablations(model, encoded, lds_count, lds_seed(example.id)) if lds_count else None
     for name in todo:
@@ -307,7 +311,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def check_settings(out: Path, settings: dict) -> None:
-    r"""Keeps the settings that decide what an example id means (its prompt style, the generator's seed) in
+    r"""Keeps the settings that decide what an example id means (its prompt style, the generator's seed) and what
+    its records measure (``"target": "contrast"`` for ``--contrast``; absent for log p(answer)) in
     ``out/settings.json``, and refuses to add results made under other settings to a folder."""
     path = out / "settings.json"
     if path.exists():

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from captum_cw.architectures import find_attention_layers
 from captum_cw.capture import AttentionCall, capture_attention
 from captum_cw.errors import InputError, UnsupportedSetupError, require_model
-from captum_cw.target_contributions import target_objective
+from captum_cw.target_contributions import checked_foils, target_objective
 
 __all__ = ["KnockoutGradients", "knockout_gradients"]
 
@@ -119,8 +119,8 @@ def knockout_gradients(
     foils: Tensor | None = None,
 ) -> KnockoutGradients:
     r"""
-    Integrated Gradients of the targets' log-probability along the path that gates the context tokens' keys,
-    in every layer, from knocked out (0) to present (1), by the midpoint rule.
+    Integrated Gradients of the targets' log-probability (with foils, log-odds) along the path that gates the
+    context tokens' keys in every layer, from knocked out (0) to present (1), by the midpoint rule.
 
     Args:
         model (nn.Module): a causal language model of a supported architecture.
@@ -147,9 +147,9 @@ def knockout_gradients(
     start, end = _checked_interval(interval)
     device = next(model.parameters()).device
     input_ids, context = input_ids.to(device), context.to(device)
-    positions, targets = _checked(input_ids, context, positions.to(device), targets.to(device))
     if foils is not None:
-        foils = foils.to(device).reshape(targets.shape[0], -1)  # [batch, t]
+        foils = checked_foils(foils, targets.to(device)).reshape(len(input_ids), -1)  # [batch, t]
+    positions, targets = _checked(input_ids, context, positions.to(device), targets.to(device))
     layers = find_attention_layers(model)
     batch, n = input_ids.shape
     points = start + (end - start) * (torch.arange(n_steps, dtype=torch.float64) + 0.5) / n_steps  # midpoints

@@ -51,8 +51,8 @@ class SourceAttribution:
         query (str): the question asked after them.
         response (str): the response explained (given, or generated).
         response_tokens (list[str]): its tokens.
-        scores (Tensor): ``(n_sources,)`` each source's part of the response's log-probability (first-order, or
-                    its knockout gradient).
+        scores (Tensor): ``(n_sources,)`` each source's part of the response's log-probability, or with a foil
+                    of its log-odds against the foil (first-order, or its knockout gradient).
         token_scores (Tensor): ``(n_response_tokens, n_sources)`` the part that passes through the row predicting
                     each response token (the rows sum to ``scores``); NaN where the method has no such split
                     (``method="knockout"``, ``target_rows="all"``, a foil).
@@ -79,7 +79,16 @@ class SourceAttribution:
         log_p = float(self.log_probs.sum())
         if self.foil is None or self.foil_log_probs is None:
             return f"{self.response!r} (log p = {log_p:.3f})"
-        return f"{self.response!r} rather than {self.foil!r} (log-odds = {log_p - float(self.foil_log_probs.sum()):.3f})"
+        log_odds = log_p - float(self.foil_log_probs.sum())
+        return f"{self.response!r} rather than {self.foil!r} (log-odds = {log_odds:.3f})"
+
+    def legend(self) -> str:
+        r"""What the colours of :meth:`to_html` mean."""
+        if self.foil is None:
+            return ("Red: the source supports the response (removing it would lower its log-probability, to first "
+                    "order); blue: it works against it.")
+        return (f"Red: the source supports the response over {self.foil!r} (removing it would lower their "
+                "log-odds, to first order); blue: it supports the foil.")
 
     def ranking(self) -> list[int]:
         r"""The sources' indices, most supporting first."""
@@ -114,8 +123,7 @@ class SourceAttribution:
             "</style></head><body><h1>Which sources made the model say this?</h1>"
             f"<p>{' '.join(spans)}</p><p><b>Query:</b> {html.escape(self.query)}</p>"
             f"<p><b>Response:</b> {html.escape(self.explained())}</p>"
-            "<p>Red: the source supports the response (removing it would lower its log-probability, to first "
-            "order); blue: it works against it.</p>"
+            f"<p>{html.escape(self.legend())}</p>"
             f"<table><tr><th>score</th><th>#</th><th>source</th></tr>{rows}</table></body></html>\n"
         )
 
@@ -226,19 +234,19 @@ class SourceContributions:
         encoded = self.tokenizer(text, return_offsets_mapping=True, add_special_tokens=not self.chat)
         prompt_ids = list(encoded["input_ids"])
         source_of = token_sources(text, [tuple(pair) for pair in encoded["offset_mapping"]], spans)
+        if foil is not None and (not isinstance(foil, str) or not foil.strip()):
+            raise InputError(f"foil must be a non-empty text (another response), got {foil!r}.")
+        foil_ids = None if foil is None else self._response_ids(prompt_ids, foil, max_new_tokens)
         response_ids = self._response_ids(prompt_ids, response, max_new_tokens)
+        if foil_ids == response_ids:
+            raise InputError(f"the foil {foil!r} is the response itself; contrast it with another response.")
         membership = torch.zeros(len(prompt_ids), len(texts))  # [token, source]
         for position, source in enumerate(source_of):
             if source >= 0:
                 membership[position, source] = 1.0
         per_token, token_scores, log_probs = self._scores(prompt_ids, response_ids, membership)
-        foil_ids, foil_log_probs = None, None
-        if foil is not None:
-            if not isinstance(foil, str) or not foil:
-                raise InputError(f"foil must be a non-empty text (another response), got {foil!r}.")
-            foil_ids = self._response_ids(prompt_ids, foil, max_new_tokens)
-            if foil_ids == response_ids:
-                raise InputError(f"the foil {foil!r} is the response itself; contrast it with another response.")
+        foil_log_probs = None
+        if foil_ids is not None:
             foil_scores, _, foil_log_probs = self._scores(prompt_ids, foil_ids, membership)
             per_token = per_token - foil_scores
             token_scores = torch.full_like(token_scores, float("nan"))  # two responses: no shared token rows

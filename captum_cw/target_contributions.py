@@ -33,7 +33,7 @@ from captum_cw.geometry import HeadGeometry
 from captum_cw.positions import Positions
 from captum_cw.scan import ModelInputs, scan_geometry
 
-__all__ = ["TARGET_ROWS", "TargetScores", "target_objective", "target_scores"]
+__all__ = ["TARGET_ROWS", "TargetScores", "checked_foils", "target_objective", "target_scores"]
 
 TARGET_ROWS = ("explained", "all")
 
@@ -45,7 +45,7 @@ class TargetScores:
 
     Attributes:
         scores (Tensor): ``(batch, n_layers, n)`` float32, each layer's first-order part of the targets' summed
-                    log-probability per token, layers in the order given.
+                    log-probability (with foils, log-odds) per token, layers in the order given.
         per_target (Tensor or None): ``(batch, n_targets, n_layers, n)`` with ``rows="explained"``: the part of
                     ``scores`` that passes through each target's own row (they sum to ``scores``); None otherwise.
         totals (Tensor): ``(batch, n_layers)`` what each layer's scores sum to by the identity, computed from the
@@ -91,13 +91,30 @@ def target_objective(logits: Tensor, positions: Tensor, targets: Tensor, foils: 
     objective = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # [batch, t]
     if foils is None:
         return objective
+    return objective - log_probs.gather(-1, checked_foils(foils, targets)[..., None]).squeeze(-1)
+
+
+def checked_foils(foils: Tensor, targets: Tensor) -> Tensor:
+    r"""
+    ``foils`` as long, on the targets' device, after refusing a shape other than the targets' and a foil equal to
+    its target (their log-odds would be 0 whatever the input).
+
+    Args:
+        foils (Tensor): the foils, shaped like ``targets``.
+        targets (Tensor): the targets, as given.
+    """
+    if not isinstance(foils, Tensor) or foils.dtype in (torch.bool, torch.float16, torch.bfloat16, torch.float32,
+                                                        torch.float64) or foils.is_complex():
+        raise InputError(f"foils must be an integer tensor of token ids or classes shaped like the targets, got "
+                         f"{foils!r}.")
     if foils.shape != targets.shape:
         raise InputError(f"foils of shape {tuple(foils.shape)} for targets of shape {tuple(targets.shape)}: pass one "
                          "foil per target.")
+    foils = foils.to(targets.device).long()
     if bool((foils == targets).any()):
         raise InputError("a foil equals its target, so their log-odds is 0 whatever the input: contrast the target "
                          "with another token or class.")
-    return objective - log_probs.gather(-1, foils[..., None]).squeeze(-1)
+    return foils
 
 
 def _requiring_grad(model: nn.Module, model_inputs: ModelInputs) -> Any:
@@ -184,8 +201,8 @@ def target_scores(
     verify: bool = True,
 ) -> TargetScores:
     r"""
-    Each token's first-order part of the target's log-probability through each selected layer's attention
-    output, from one forward pass with the autograd graph and one backward pass.
+    Each token's first-order part of the target's log-probability (with foils, its log-odds) through each selected
+    layer's attention output, from one forward pass with the autograd graph and one backward pass.
 
     Args:
         model (nn.Module): the model (its parameters need not require grad).
@@ -210,13 +227,13 @@ def target_scores(
         raise UnsupportedSetupError("rows='all' reads the gradient of the value vectors, which grouped heads share; "
                                     "it sums every head: pass heads=None, or rows='explained' for a head subset.")
     device = model_inputs.main.device
+    if foils is not None:
+        foils = checked_foils(foils, targets.to(device)).reshape(len(targets), -1)  # [batch, t]
     positions, targets = positions.to(device).reshape(len(positions), -1), targets.to(device).reshape(
         len(targets), -1)  # [batch, t]
     if positions.shape != targets.shape:
         raise InputError(f"{targets.shape[1]} targets per example for {positions.shape[1]} positions; pass one "
                          "position per target.")
-    if foils is not None:
-        foils = foils.to(device).reshape(len(foils), -1)  # [batch, t]
     wanted = positions.unique()  # the explained rows of the batch, sorted
     slot = torch.searchsorted(wanted, positions)  # [batch, t] each target's row among them
     found = _differentiated_pass(model, layers, model_inputs, positional, wanted, positions, targets, foils,

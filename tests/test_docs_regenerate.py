@@ -9,15 +9,16 @@ never on docs/ itself, and its text must equal the committed page:
   the plots must match the committed ones too. Needs the task files in the hub schema, in the folder
   ``$CAPTUM_CW_DATA`` names (MMLU's subjects are read from them); skipped without them.
 - ``<!-- peers:MODEL -->`` sections (and ``peers-heldout``, ``peers-many``, ``peers-many-heldout``,
-  ``peers-sentiment``, ``peers-sentiment-heldout``, ``peers-sentiment-plain``): ``benchmarks/peers.py`` on
-  ``benchmarks/runs/peers/MODEL`` (``peers_heldout``, ``peers_many``, ``peers_many_heldout``, ``peers_sentiment``,
-  ``peers_sentiment_heldout``, ``peers_sentiment_plain``), against the reference method the section
-  names; ``<!-- layers:MODEL -->`` sections: ``benchmarks/layer_pointing.py`` on
-  ``benchmarks/runs/layer_pointing/MODEL``; ``<!-- task-accuracy:MODEL -->`` sections:
-  ``benchmarks/task_accuracy.py`` on ``benchmarks/runs/task_accuracy/MODEL``; ``<!-- yes-no-binding:MODEL -->``
-  sections: ``benchmarks/yes_no_binding.py`` on ``benchmarks/runs/yes_no_binding/MODEL``; ``<!-- versus:MODEL -->``
-  (and ``versus-ablation``) sections: ``benchmarks/versus.py`` on the four peers runs of MODEL, for the two methods
-  the section names.
+  ``peers-sentiment``, ``peers-sentiment-heldout``, ``peers-sentiment-plain``, each ``peers-sentiment*`` also with
+  ``-contrast``): ``benchmarks/peers.py`` on ``benchmarks/runs/peers/MODEL`` (``peers_heldout``, ``peers_many``,
+  ``peers_many_heldout``, ``peers_sentiment``, ``peers_sentiment_heldout``, ``peers_sentiment_plain``,
+  ``peers_sentiment_contrast*``), against the reference method the section names; ``<!-- layers:MODEL -->``
+  sections: ``benchmarks/layer_pointing.py`` on ``benchmarks/runs/layer_pointing/MODEL``;
+  ``<!-- task-accuracy:MODEL -->`` sections: ``benchmarks/task_accuracy.py`` on
+  ``benchmarks/runs/task_accuracy/MODEL``; ``<!-- yes-no-binding:MODEL -->`` sections:
+  ``benchmarks/yes_no_binding.py`` on ``benchmarks/runs/yes_no_binding/MODEL``; ``<!-- versus:MODEL -->`` (and
+  ``versus-ablation``) sections: ``benchmarks/versus.py`` on the four peers runs of MODEL, for the two methods the
+  section names.
 - docs/PAPER_REPRODUCTION.md: ``benchmarks/paper_reproduction.py`` on ``benchmarks/runs/paper`` (none kept yet:
   every cell says "not run").
 
@@ -48,13 +49,18 @@ DATA = Path(os.environ["CAPTUM_CW_DATA"]) if "CAPTUM_CW_DATA" in os.environ else
 REPRODUCE = re.compile(r"^Reproduce: `python benchmarks/faithfulness_table\.py ([^`]*)`", re.MULTILINE)
 SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many": "peers_many",
                 "peers-many-heldout": "peers_many_heldout", "peers-sentiment": "peers_sentiment",
-                "peers-sentiment-heldout": "peers_sentiment_heldout", "peers-sentiment-plain": "peers_sentiment_plain",
+                "peers-sentiment-heldout": "peers_sentiment_heldout",
+                "peers-sentiment-plain": "peers_sentiment_plain",
+                "peers-sentiment-contrast": "peers_sentiment_contrast",
+                "peers-sentiment-contrast-heldout": "peers_sentiment_contrast_heldout",
+                "peers-sentiment-contrast-plain": "peers_sentiment_contrast_plain",
                 "layers": "layer_pointing", "task-accuracy": "task_accuracy",
                 "yes-no-binding": "yes_no_binding", "versus": "peers",
                 "versus-ablation": "peers"}  # kind: runs folder (versus: the first of the four it reads)
 SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
 PEERS_KINDS = ("peers", "peers-heldout", "peers-many", "peers-many-heldout", "peers-sentiment",
-               "peers-sentiment-heldout", "peers-sentiment-plain")  # peers.py's sections (--section)
+               "peers-sentiment-heldout", "peers-sentiment-plain", "peers-sentiment-contrast",
+               "peers-sentiment-contrast-heldout", "peers-sentiment-contrast-plain")  # peers.py's --section
 SIDE_BY_SIDE = "## Side by side: the paper's order per model"
 # tables whose run folders were lost before the runs were kept; their kept summaries stand until they are rerun
 # (issue #26: "Gemma's layer-level MC run folders are cited but not kept"). Remove an entry once its folder is kept.

@@ -165,6 +165,8 @@ def test_a_foil_is_the_gradient_of_the_log_odds_and_complete_over_the_path():
     ({"input_ids": IDS.float()}, "input_ids must be a (batch, n) integer tensor"),
     ({"foils": torch.tensor([TARGET])}, "a foil equals its target"),
     ({"foils": torch.tensor([64])}, "foil .*64.* out of range"),
+    ({"foils": torch.tensor([[1, 2]])}, "foils of shape (1, 2) for targets of shape (1,)"),
+    ({"foils": torch.tensor([1.0])}, "foils must be an integer tensor"),
 ])
 def test_bad_input_is_named(change, message):
     arguments = {"input_ids": IDS, "context": CONTEXT, "positions": torch.tensor([N - 1]),

@@ -18,7 +18,8 @@ from tiny_models import FAMILIES
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-import peers  # noqa: E402  # benchmarks/ is on the path from the line above
+import peer_methods  # noqa: E402  # benchmarks/ is on the path from the line above
+import peers  # noqa: E402
 from peer_methods import METHODS, PeerMethod, encode_example, measure, register, unavailable  # noqa: E402
 from peer_methods.measures import lds_ablations, spearman  # noqa: E402
 
@@ -327,12 +328,10 @@ def test_a_foil_makes_every_measure_read_the_log_odds(smollm2, contrasted):
     assert values[0] == pytest.approx(log_odds(model, [t for p, t in enumerate(ids) if p not in gone], target, foil),
                                       abs=1e-4)
     with pytest.raises(ValueError, match="the target itself"):
-        from peer_methods import with_foil
-
-        with_foil(contrasted, target)
+        peer_methods.with_foil(contrasted, target)
 
 
-def test_a_foil_makes_every_method_explain_the_log_odds(smollm2, contrasted):
+def test_a_foil_reaches_the_knockout_the_target_aware_form_and_feature_ablation(smollm2, contrasted):
     from captum_cw import TokenContributions, knockout_gradients
 
     model, tokenizer = smollm2
@@ -370,6 +369,18 @@ def test_contextcite_fits_the_log_odds_on_its_own_masks(smollm2, contrasted):
     scores, forwards = METHODS["contextcite_32"].score(model, tokenizer, contrasted)
     np.testing.assert_allclose(scores, expected, rtol=1e-3, atol=1e-4)
     assert forwards == 32
+
+
+def test_integrated_gradients_with_a_foil_is_complete_for_the_log_odds(example):
+    model = FAMILIES["llama"].build()
+    ids = torch.tensor([[5, 9, 3, 12, 7, 30, 2, 44, 8, 17, 21, 6, 13, 40, 11, 19, 25, 33]])
+    tiny = dataclasses.replace(example, input_ids=ids, target=7, foil=20)
+    scores, _ = METHODS["integrated_gradients"].score(model, types.SimpleNamespace(pad_token_id=0), tiny)
+    baseline = ids[0].tolist()
+    for p in tiny.context:
+        baseline[p] = 0
+    gap = log_odds(model, ids[0].tolist(), 7, 20) - log_odds(model, baseline, 7, 20)
+    assert scores.sum() == pytest.approx(gap, rel=0.02, abs=1e-3)
 
 
 @needs("lxt")

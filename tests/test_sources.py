@@ -111,7 +111,23 @@ def test_a_foil_explains_the_log_odds(smollm2):
     assert knockout.ranking()[0] == 1 and float(knockout.scores[0]) < 0  # Tom's sentence; Anna's against
 
 
-@pytest.mark.parametrize("foil, message", [("", "foil must be a non-empty text"), (" Rome", "is the response itself")])
+def test_a_generated_response_is_contrasted_with_a_longer_foil(smollm2):
+    r"""Two whole responses of different lengths: the scores are the response's less the foil's, each explained
+    on its own, and the log-probabilities are each response's own."""
+    model, tokenizer = smollm2
+    explainer = SourceContributions(model, tokenizer)
+    found = explainer.attribute(SOURCES, "Where does Tom live?", max_new_tokens=3, foil=" Tom lives in Paris.")
+    response = explainer.attribute(SOURCES, "Where does Tom live?", found.response)
+    foil = explainer.attribute(SOURCES, "Where does Tom live?", " Tom lives in Paris.")
+    assert len(response.log_probs) == 3 and len(found.foil_log_probs) == len(foil.log_probs) > 3
+    torch.testing.assert_close(found.scores, response.scores - foil.scores)
+    torch.testing.assert_close(found.foil_log_probs, foil.log_probs)
+    assert found.token_scores.shape == (3, 3) and bool(found.token_scores.isnan().all())
+    assert "it supports the foil" in found.to_html()
+
+
+@pytest.mark.parametrize("foil, message", [("", "foil must be a non-empty text"), ("  ", "foil must be a non-empty"),
+                                           (" Rome", "is the response itself")])
 def test_a_bad_foil_is_refused(smollm2, foil, message):
     model, tokenizer = smollm2
     with pytest.raises(InputError, match=message):

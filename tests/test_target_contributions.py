@@ -191,6 +191,11 @@ def test_a_classifier_target_is_a_class():
     with torch.no_grad():
         assert float(found.objective) == pytest.approx(float(model(ids).logits[0].log_softmax(-1)[2]), abs=1e-5)
     assert len(layers) == 2
+    against = _per_layer(model, ids, None, 2, torch.tensor([6]), "explained", foil=0)  # class 2 rather than 0
+    other = _per_layer(model, ids, None, 0, torch.tensor([6]), "explained")
+    torch.testing.assert_close(TokenContributions(model).attribute(ids, target=2, foil=0),
+                               (found.scores - other.scores).mean(1), atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(against.objective, found.objective - other.objective)
 
 
 @pytest.mark.parametrize("bad, message", [

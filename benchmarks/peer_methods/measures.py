@@ -2,8 +2,8 @@
 
 Every removal deletes tokens from the input ids (the model reads the prompt without them); the target is the
 log-probability of the answer's first token at the last position, or with a foil (``EncodedExample.foil``) its
-log-odds against the foil's token. Token-level scores are ``(n,)`` over the
-prompt's positions (only the context's count); source-level scores are ``(sources,)``.
+log-odds against the foil's token. Token-level scores are ``(n,)`` over the prompt's positions (only the
+context's count); source-level scores are ``(sources,)``.
 """
 
 from __future__ import annotations

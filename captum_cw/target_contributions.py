@@ -103,8 +103,7 @@ def checked_foils(foils: Tensor, targets: Tensor) -> Tensor:
         foils (Tensor): the foils, shaped like ``targets``.
         targets (Tensor): the targets, as given.
     """
-    if not isinstance(foils, Tensor) or foils.dtype in (torch.bool, torch.float16, torch.bfloat16, torch.float32,
-                                                        torch.float64) or foils.is_complex():
+    if not isinstance(foils, Tensor) or foils.dtype == torch.bool or foils.is_floating_point() or foils.is_complex():
         raise InputError(f"foils must be an integer tensor of token ids or classes shaped like the targets, got "
                          f"{foils!r}.")
     if foils.shape != targets.shape:

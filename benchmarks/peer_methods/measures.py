@@ -17,13 +17,19 @@ from torch import nn
 
 from .encoding import EncodedExample
 
-__all__ = ["KS", "kept_sources", "lds", "lds_ablations", "lds_masks", "lds_seed", "measure", "ranking",
-           "source_scores", "spearman", "target_logprobs", "tied_top_share", "without"]
+__all__ = ["KS", "explained_value", "kept_sources", "lds", "lds_ablations", "lds_masks", "lds_seed", "measure",
+           "ranking", "source_scores", "spearman", "target_logprobs", "tied_top_share", "without"]
 
 KS = (1, 3, 5)  # comp@k and suff@k: tokens removed or kept
 
 
 LOGITS_BUDGET = 2**28  # logits (rows x width x vocab) per forward of target_logprobs: 1 GiB in float32
+
+
+def explained_value(log_probs: torch.Tensor, target: int, foil: int | None = None) -> torch.Tensor:
+    r"""``(batch,)`` what is explained, read from ``(batch, vocab)`` log-probabilities: ``log p(target)``, or with
+    ``foil`` the log-odds ``log p(target) - log p(foil)``."""
+    return log_probs[:, target] if foil is None else log_probs[:, target] - log_probs[:, foil]
 
 
 @torch.no_grad()
@@ -49,9 +55,7 @@ def target_logprobs(model: nn.Module, rows: Sequence[Sequence[int]], target: int
         logits = model(input_ids=ids, attention_mask=mask).logits  # [b, width, vocab]
         last = torch.tensor([len(row) - 1 for row in chunk], device=device)
         rows_logits = logits[torch.arange(len(chunk), device=device), last].double()  # [b, vocab]
-        log_probs = rows_logits.log_softmax(-1)  # [b, vocab]
-        value = log_probs[:, target] if foil is None else log_probs[:, target] - log_probs[:, foil]
-        values.append(value.cpu().numpy())
+        values.append(explained_value(rows_logits.log_softmax(-1), target, foil).cpu().numpy())
     return np.concatenate(values)
 
 

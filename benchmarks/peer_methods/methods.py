@@ -24,6 +24,7 @@ from captum_cw.knockout_gradients import knockout_gradients
 from captum_cw.sources import KNOCKOUT_INTERVAL
 
 from .encoding import EncodedExample
+from .measures import explained_value
 
 __all__ = ["METHODS", "PeerMethod", "register", "unavailable"]
 
@@ -120,8 +121,7 @@ def _logprob_of(model: nn.Module, target: int, foil: int | None = None) -> Calla
     def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         # the output layer on the last position only: [batch, n, vocab] logits of a long passage fill the memory
         logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1).logits[:, -1]
-        log_probs = logits.float().log_softmax(-1)  # [batch, vocab]
-        return log_probs[:, target] if foil is None else log_probs[:, target] - log_probs[:, foil]
+        return explained_value(logits.float().log_softmax(-1), target, foil)  # [batch]
     return forward
 
 

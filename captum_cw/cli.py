@@ -315,7 +315,8 @@ def _sources_parser(commands: argparse._SubParsersAction, common: argparse.Argum
                          help="the response to explain (default: the model's greedy response)")
     sources.add_argument("--foil", default=None,
                          help="another response to contrast it with: the scores explain log p(response) - "
-                              "log p(foil), why the response rather than the foil (twice the cost)")
+                              "log p(foil), why the response rather than the foil (one pass for two one-token "
+                              "answers, else twice the cost)")
     sources.add_argument("--max-new-tokens", type=int_at_least(1), default=20,
                          help="for a generated response (default: 20)")
     sources.add_argument("--chat", default="auto", choices=["auto", "yes", "no"],

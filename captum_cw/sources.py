@@ -55,7 +55,7 @@ class SourceAttribution:
                     of its log-odds against the foil (first-order, or its knockout gradient).
         token_scores (Tensor): ``(n_response_tokens, n_sources)`` the part that passes through the row predicting
                     each response token (the rows sum to ``scores``); NaN where the method has no such split
-                    (``method="knockout"``, ``target_rows="all"``, a foil).
+                    (``method="knockout"``, ``target_rows="all"``, a foil where either response has several tokens).
         log_probs (Tensor): ``(n_response_tokens,)`` the model's log-probability of each response token.
         prompt (str): the prompt as the model read it (chat template included).
         foil (str or None): the response it was contrasted with: ``scores`` then explain ``log p(response) -
@@ -222,8 +222,9 @@ class SourceContributions:
                         ``max_new_tokens`` tokens)
             max_new_tokens (int, optional): for a generated response. Default: 20
             foil (str, optional): a response to contrast it with (another answer): the scores then explain
-                        ``log p(response) - log p(foil)``, why the response rather than the foil, as the response's
-                        scores less the foil's (two passes, twice the cost). Default: None
+                        ``log p(response) - log p(foil)``, why the response rather than the foil: one attribution
+                        pass where both are one token, else the response's scores less the foil's (two passes).
+                        Default: None
         Returns:
             :class:`SourceAttribution`.
         """
@@ -244,48 +245,57 @@ class SourceContributions:
         for position, source in enumerate(source_of):
             if source >= 0:
                 membership[position, source] = 1.0
-        per_token, token_scores, log_probs = self._scores(prompt_ids, response_ids, membership)
-        foil_log_probs = None
-        if foil_ids is not None:
-            foil_scores, _, foil_log_probs = self._scores(prompt_ids, foil_ids, membership)
+        one_pass = foil_ids is not None and len(foil_ids) == len(response_ids) == 1  # two one-token answers
+        per_token, token_scores, log_probs, foil_log_probs = self._scores(
+            prompt_ids, response_ids, membership, foil_ids[0] if one_pass and foil_ids else None)
+        if foil_ids is not None and not one_pass:  # the response's scores less the foil's
+            foil_scores, _, foil_log_probs, _ = self._scores(prompt_ids, foil_ids, membership)
             per_token = per_token - foil_scores
-            token_scores = torch.full_like(token_scores, float("nan"))  # two responses: no shared token rows
+            token_scores = torch.full_like(token_scores, float("nan"))  # no shared token rows
         return SourceAttribution(
             sources=texts, query=query, response=str(self.tokenizer.decode(response_ids)),
             response_tokens=list(self.tokenizer.convert_ids_to_tokens(response_ids)), scores=per_token @ membership,
             token_scores=token_scores, log_probs=log_probs, prompt=text,
             foil=None if foil_ids is None else str(self.tokenizer.decode(foil_ids)), foil_log_probs=foil_log_probs)
 
-    def _scores(self, prompt_ids: list[int], response_ids: list[int], membership: Tensor) -> tuple[
-            Tensor, Tensor, Tensor]:
-        r"""Each prompt token's score for ``log p(response)`` ``(n_prompt,)``, the per response token split into
-        sources ``(t, n_sources)`` (NaN where the method has none), and the response tokens' log-probabilities
-        ``(t,)``."""
-        ids = torch.tensor([prompt_ids + response_ids], device=next(self.model.parameters()).device)
-        positions = torch.arange(len(prompt_ids) - 1, ids.shape[1] - 1)[None]  # the rows that predict the response
-        targets = torch.tensor([response_ids])  # [1, t]
+    def _scores(self, prompt_ids: list[int], response_ids: list[int], membership: Tensor,
+                foil: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        r"""Each prompt token's score for ``log p(response)`` ``(n_prompt,)``, the part through the row predicting
+        each response token, split into sources ``(t, n_sources)`` (NaN where the method has none), and the response
+        tokens' log-probabilities ``(t,)``; with ``foil``, a token to contrast a one-token response with, the scores
+        explain their log-odds and the fourth value is the foil's log-probability ``(1,)``."""
+        device = next(self.model.parameters()).device
+        ids = torch.tensor([prompt_ids + response_ids], device=device)  # [1, n + t]
+        positions = torch.arange(len(prompt_ids) - 1, ids.shape[1] - 1, device=device)[None]  # [1, t] predicting rows
+        targets = torch.tensor([response_ids], device=device)  # [1, t]
+        foils = None if foil is None else torch.tensor([[foil]], device=device)  # [1, 1]
         n = len(prompt_ids)
         no_split = torch.full((len(response_ids), membership.shape[1]), float("nan"))
         if self.method == "knockout":
-            context = torch.zeros(1, ids.shape[1], dtype=torch.bool, device=ids.device)  # [1, n + t]
+            context = torch.zeros(1, ids.shape[1], dtype=torch.bool, device=device)  # [1, n + t]
             context[0, :n] = membership.sum(1) > 0
-            per_token = knockout_gradients(self.model, ids, context, positions, targets,
-                                           interval=KNOCKOUT_INTERVAL).scores[0, :n].cpu()  # [n]
-            return per_token, no_split, self._log_probs(ids, positions, targets)
+            per_token = knockout_gradients(self.model, ids, context, positions, targets, interval=KNOCKOUT_INTERVAL,
+                                           foils=foils).scores[0, :n].cpu()  # [n]
+            return (per_token, no_split, *self._log_probs(ids, positions, targets, foils))
         model_inputs, positional = prepare_inputs(self.model, ids, None, None, ids.device)
         layers = [self.attention_layers[index] for index in self.layers]
         found = target_scores(self.model, layers, None, model_inputs, positional, positions, targets,
-                              self.target_rows)
+                              self.target_rows, foils=foils)
         per_token = found.scores[0].sum(0).cpu()[:n]  # [n]: summed over layers
         token_scores = (found.per_target[0].sum(1).cpu()[:, :n] @ membership if found.per_target is not None
                         else no_split)
-        return per_token, token_scores, found.objective[0].cpu()
+        if foils is None:
+            return per_token, token_scores, found.objective[0].cpu(), None
+        return (per_token, token_scores, *self._log_probs(ids, positions, targets, foils))
 
     @torch.no_grad()
-    def _log_probs(self, ids: Tensor, positions: Tensor, targets: Tensor) -> Tensor:
-        r"""``(t,)`` each response token's log-probability (one forward pass)."""
-        logits = self.model(input_ids=ids).logits  # [1, n, vocab]
-        return target_objective(logits, positions.to(ids.device), targets.to(ids.device))[0].cpu()
+    def _log_probs(self, ids: Tensor, positions: Tensor, targets: Tensor, foils: Tensor | None) -> tuple[
+            Tensor, Tensor | None]:
+        r"""``(t,)`` each response token's log-probability, and each foil's where there are foils (one forward
+        pass)."""
+        logits = self.model(input_ids=ids).logits  # [1, n + t, vocab]
+        return (target_objective(logits, positions, targets)[0].cpu(),
+                None if foils is None else target_objective(logits, positions, foils)[0].cpu())
 
     def _response_ids(self, prompt_ids: list[int], response: str | None, max_new_tokens: int) -> list[int]:
         if response is not None:

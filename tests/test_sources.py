@@ -8,6 +8,7 @@ import html.parser
 import pytest
 import torch
 
+import captum_cw.sources as sources
 from captum_cw.architectures import find_attention_layers
 from captum_cw.errors import InputError
 from captum_cw.knockout_gradients import knockout_gradients
@@ -99,7 +100,8 @@ def test_a_foil_explains_the_log_odds(smollm2):
     log_odds = float(log_probs[rome[0]] - log_probs[paris[0]])
     assert float(found.log_probs.sum() - found.foil_log_probs.sum()) == pytest.approx(log_odds, abs=1e-4)
     assert found.foil == " Paris" and "rather than ' Paris' (log-odds = " in found.to_text()
-    assert "rather than" in found.to_html() and bool(found.token_scores.isnan().all())
+    assert "rather than" in found.to_html()
+    torch.testing.assert_close(found.token_scores.sum(0), found.scores)  # one response token: its row is the whole
     knockout = SourceContributions(model, tokenizer, method="knockout").attribute(
         SOURCES, "Where does Tom live?", " Rome", foil=" Paris")
     context = torch.zeros(1, len(prompt), dtype=torch.bool)
@@ -124,6 +126,29 @@ def test_a_generated_response_is_contrasted_with_a_longer_foil(smollm2):
     torch.testing.assert_close(found.foil_log_probs, foil.log_probs)
     assert found.token_scores.shape == (3, 3) and bool(found.token_scores.isnan().all())
     assert "it supports the foil" in found.to_html()
+
+
+@pytest.mark.parametrize("method", ["contributions", "knockout"])
+def test_two_one_token_answers_take_one_pass(smollm2, monkeypatch, method):
+    r"""" Rome" against " Paris": one attribution pass with the foil, equal to the response's scores less the
+    foil's, each explained on its own, and each its own log-probability."""
+    model, tokenizer = smollm2
+    explainer = SourceContributions(model, tokenizer, method=method)
+    response, foil = (explainer.attribute(SOURCES, "Where does Tom live?", text) for text in (" Rome", " Paris"))
+    passes = []
+    for name in ("knockout_gradients", "target_scores"):
+        real = getattr(sources, name)
+        monkeypatch.setattr(sources, name, lambda *args, _real=real, **kwargs: passes.append(1) or _real(*args,
+                                                                                                        **kwargs))
+    found = explainer.attribute(SOURCES, "Where does Tom live?", " Rome", foil=" Paris")
+    assert len(passes) == 1
+    torch.testing.assert_close(found.scores, response.scores - foil.scores, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(found.log_probs, response.log_probs, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(found.foil_log_probs, foil.log_probs, atol=1e-5, rtol=1e-4)
+    assert float(found.scores[0]) < 0  # Anna's sentence names Paris
+    if method == "contributions":
+        torch.testing.assert_close(found.token_scores, response.token_scores - foil.token_scores, atol=1e-5,
+                                   rtol=1e-4)
 
 
 @pytest.mark.parametrize("foil, message", [("", "foil must be a non-empty text"), ("  ", "foil must be a non-empty"),

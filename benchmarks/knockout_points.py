@@ -1,11 +1,12 @@
 """Where along the knockout path the gradient predicts half-ablations best: the probe behind ``cw_knockout``.
 
-On the answered ground-truth examples of a peers run (``RUNS/MODEL``, default ``benchmarks/runs/peers``), reads
-the gradient of log p(answer) with respect to each context token's key gate (every layer and row, renormalised)
-with every context token's gate at one point ``t`` (1: the model as it is; 1/2: ``cw_knockout``), and scores it
-as docs/PEERS.md does: pointing, and the LDS over the same 16 seeded half-ablations as the peers run, sign-tested
-example by example against the LDS the run recorded for ``--compare``'s methods. Each point's scores summed over
-the context (``gradient_sum``: the path's integrand there) show where along the path the gradient lies.
+On the answered ground-truth examples of a peers run (``RUNS/MODEL``, default ``benchmarks/runs/peers``; another
+task's run with ``--tasks`` and ``--n``), reads the gradient of log p(answer) (of the log-odds against the run's
+foil where the run is a ``--contrast`` one) with respect to each context token's key gate (every layer and row,
+renormalised) with every context token's gate at one point ``t`` (1: the model as it is; 1/2: ``cw_knockout``), and
+scores it as docs/PEERS.md does: pointing, and the LDS over the same 16 seeded half-ablations as the peers run,
+sign-tested example by example against the LDS the run recorded for ``--compare``'s methods. Each point's scores
+summed over the context (``gradient_sum``: the path's integrand there) show where along the path the gradient lies.
 
 A point ``igK`` is the mean of the gradients at the ``K`` midpoints of the path (Integrated Gradients with ``K``
 steps, ``2K`` passes). ``adaptive`` reads one gate per example, ``(1 - c) / (2 - c)`` with ``c`` the context's share
@@ -31,6 +32,9 @@ Usage::
         --points 1,0.5,0.25,0.1,0.05 --out benchmarks/runs/knockout_points/gemma-3-270m-heldout.json
     python benchmarks/knockout_points.py --model gemma-3-270m --points 0.05,adaptive,rand2 \\
         --out benchmarks/runs/knockout_points/gemma-3-270m-other.json
+    python benchmarks/knockout_points.py --model gemma-3-270m --runs benchmarks/runs/peers_sentiment_contrast \\
+        --tasks review_sentiment:2 --n 40 --points 1,0.5,0.25,0.1,0.05,ig4 \\
+        --out benchmarks/runs/knockout_points/gemma-3-270m-contrast.json
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ from transformers import AttentionInterface
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_methods.encoding import encode_example
-from peer_methods.measures import lds, lds_ablations, lds_seed, source_scores, tied_top_share
+from peer_methods.measures import explained_value, lds, lds_ablations, lds_seed, source_scores, tied_top_share
 from peer_methods.methods import METHODS
-from peers import examples_of, parse_args, read_results, sign_test
+from peers import answered, contrasted, examples_of, parse_args, read_results, sign_test
 
 from captum_cw.models import load_model
 
@@ -58,27 +62,30 @@ TASKS = {"smollm2-135m": [("who_lives_where:2,country_of_city:3", 35), ("job_of_
          "gemma-3-270m": [("who_lives_where:2,country_of_city:3", 40), ("job_of_description:2", 30)]}
 
 
-def answered_examples(model_name: str, runs: Path = RUNS) -> tuple[list, str, list[dict]]:
-    r"""The examples the model answered in its peers run ``runs/MODEL`` (``TASKS``' settings, the run's seed), the
-    run's prompt style, and its records."""
+def answered_examples(model_name: str, runs: Path = RUNS, tasks: list[tuple[str, int]] | None = None) -> tuple[
+        list, str, list[dict]]:
+    r"""The examples the model answered in its peers run ``runs/MODEL`` (``tasks``, ``[(spec, n)]``, default
+    ``TASKS``' settings; the run's seed), the run's prompt style, and its records."""
     folder = runs / model_name
     records = read_results(folder / "results.jsonl")
     answered = {r["example"] for r in records if r["method"] == "answered" and r["correct"]}
     settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
-    examples = [e for tasks, n in TASKS[model_name] for e in examples_of(parse_args(
+    examples = [e for tasks, n in (tasks or TASKS[model_name]) for e in examples_of(parse_args(
                 ["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)]))
                 if e.id in answered]
     return examples, settings["style"], records
 
 
 def gates_gradient(model, encoded, gates: np.ndarray) -> np.ndarray:
-    r"""``(n,)`` d log p(answer) / d gate of every token, with token ``j``'s key gated by ``gates[j]`` ``(n,)``."""
+    r"""``(n,)`` d log p(answer) (with a foil, the log-odds) / d gate of every token, with token ``j``'s key gated by
+    ``gates[j]`` ``(n,)``."""
     n = encoded.n
     log_gate = torch.tensor(np.log(gates), dtype=torch.float32).requires_grad_()  # [n]
     causal = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)  # [n, n]
     mask = (causal + log_gate[None, :])[None, None]  # [1, 1, n, n]
     logits = model(input_ids=encoded.input_ids, attention_mask=mask, logits_to_keep=1).logits[0, -1]
-    (gradient,) = torch.autograd.grad(logits.float().log_softmax(-1)[encoded.target], log_gate)
+    objective = explained_value(logits.float().log_softmax(-1)[None], encoded.target, encoded.foil)[0]
+    (gradient,) = torch.autograd.grad(objective, log_gate)
     return gradient.double().numpy() / gates  # d/d gate = d/d log gate / gate
 
 
@@ -132,7 +139,8 @@ def mixture_gradient(model, encoded, point: float) -> np.ndarray:
     model.set_attn_implementation("knockout_mixture")
     try:
         logits = model(input_ids=encoded.input_ids, logits_to_keep=1).logits[0, -1]
-        (gradient,) = torch.autograd.grad(logits.float().log_softmax(-1)[encoded.target], gate)
+        objective = explained_value(logits.float().log_softmax(-1)[None], encoded.target, encoded.foil)[0]
+        (gradient,) = torch.autograd.grad(objective, gate)
     finally:
         model.set_attn_implementation("eager")
     scores = np.zeros(n)
@@ -195,17 +203,23 @@ def main() -> None:
     parser.add_argument("--points", default="1,0.75,0.5,0.25")
     parser.add_argument("--limit", type=int, help="the first LIMIT answered examples only (a quick probe)")
     parser.add_argument("--runs", default=str(RUNS), help="the folder of the peers runs (RUNS/MODEL) to read")
+    parser.add_argument("--tasks", help="the run's --tasks (with --n), where it is not TASKS' fact lookups")
+    parser.add_argument("--n", type=int, default=40, help="the run's --n, with --tasks")
     parser.add_argument("--compare", default="cw_knockout,attnlrp,feature_ablation,contextcite_32",
                         help="the run's methods whose LDS each point is sign-tested against, example by example")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     points = args.points.split(",")
-    examples, style, records = answered_examples(args.model, Path(args.runs))
+    examples, style, records = answered_examples(args.model, Path(args.runs),
+                                                 [(args.tasks, args.n)] if args.tasks else None)
     examples = examples[:args.limit]
+    settings = json.loads((Path(args.runs) / args.model / "settings.json").read_text(encoding="utf-8"))
     model, tokenizer = load_model(args.model, attn_implementation="eager")
     rows = []
     for example in tqdm(examples, desc=args.model):
         encoded = encode_example(tokenizer, example, style)
+        if settings.get("target") == "contrast":  # the run's own foil: the log-odds, in every reading and the LDS
+            encoded = contrasted(encoded, answered(model, encoded)[0])
         ablations = lds_ablations(model, encoded, 16, lds_seed(example.id))  # the peers run's own ablations
         scores = {point if point.startswith(("ig", "mix", "rand", "adaptive")) or point.endswith(":lrp")
                   else f"gate {float(point):g}":

@@ -80,6 +80,16 @@ def answered(model, encoded: EncodedExample) -> tuple[list[int], float]:
     return order.tolist(), sorted(seconds)[1]
 
 
+def contrasted(encoded: EncodedExample, order: Sequence[int]) -> EncodedExample:
+    r"""``encoded`` explained against the strongest other candidate (``order``: :func:`answered`'s) whose first token
+    differs from the answer's; stops with a reason where there is none."""
+    foil = next((encoded.candidates[k] for k in order[1:] if encoded.candidates[k] != encoded.target), None)
+    if foil is None:
+        raise SystemExit(f"{encoded.example.id}: every other candidate starts with the answer's token, so "
+                         "--contrast has no foil; leave --contrast out for this task.")
+    return with_foil(encoded, foil)
+
+
 def _append(path: Path, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as out:
         out.write(json.dumps(record) + "\n")
@@ -120,12 +130,8 @@ def run_example(model, tokenizer, example: ContextExample, methods: Sequence[str
     todo = [name for name in methods if (example.id, name) not in done]
     if not todo:
         return
-    if contrast:  # the strongest other candidate whose first token differs from the answer's
-        foil = next((encoded.candidates[k] for k in order[1:] if encoded.candidates[k] != encoded.target), None)
-        if foil is None:
-            raise SystemExit(f"{example.id}: every other candidate starts with the answer's token, so --contrast "
-                             "has no foil; leave --contrast out for this task.")
-        encoded = with_foil(encoded, foil)
+    if contrast:
+        encoded = contrasted(encoded, order)
     full = float(target_logprobs(model, [encoded.input_ids[0].tolist()], encoded.target, encoded.foil)[0])
     ablations = lds_ablations(model, encoded, lds_count, lds_seed(example.id)) if lds_count else None
     for name in todo:

@@ -145,8 +145,10 @@ def test_feature_ablation_is_the_drop_when_no_query_reads_the_token(smollm2, exa
     assert np.all(scores[[p for p in range(example.n) if p not in example.context]] == 0)
 
 
-@pytest.mark.parametrize(("name", "interval"), [("cw_knockout", (0.0, 1.0)), ("cw_knockout_early", (0.0, 0.1))])
-def test_cw_knockout_is_knockout_gradients_over_the_context(smollm2, example, name, interval):
+@pytest.mark.parametrize(("name", "interval", "n_steps"), [("cw_knockout", (0.0, 1.0), 1),
+                                                           ("cw_knockout_early", (0.0, 0.1), 1),
+                                                           ("cw_knockout_path", (0.0, 1.0), 4)])
+def test_cw_knockout_is_knockout_gradients_over_the_context(smollm2, example, name, interval, n_steps):
     r"""The gates cover the context's tokens only, the path's interval is the method's, and the library's scores
     come back unchanged."""
     from captum_cw import knockout_gradients
@@ -156,9 +158,9 @@ def test_cw_knockout_is_knockout_gradients_over_the_context(smollm2, example, na
     context = torch.zeros(example.input_ids.shape, dtype=torch.bool)
     context[0, example.context] = True
     found = knockout_gradients(model, example.input_ids, context, torch.tensor([example.n - 1]),
-                               torch.tensor([example.target]), interval=interval)
+                               torch.tensor([example.target]), interval=interval, n_steps=n_steps)
     np.testing.assert_allclose(scores, found.scores[0].double().numpy(), rtol=1e-5, atol=1e-7)
-    assert forwards == 2 and np.all(scores[[p for p in range(example.n) if p not in example.context]] == 0)
+    assert forwards == 2 * n_steps and np.all(scores[[p for p in range(example.n) if p not in example.context]] == 0)
 
 
 def test_integrated_gradients_is_complete(example):

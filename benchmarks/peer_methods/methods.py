@@ -84,18 +84,18 @@ def token_contributions(metric: str, layer_aggregation: str, target_rows: str | 
     return score
 
 
-def knockout(interval: tuple[float, float]) -> Scorer:
+def knockout(interval: tuple[float, float], n_steps: int = 1) -> Scorer:
     r"""Knockout gradients (:func:`captum_cw.knockout_gradients.knockout_gradients`): the target's gradient with
-    respect to the context tokens' key gates in every layer, read at the midpoint of ``interval`` of the path
-    (one forward and one backward pass)."""
+    respect to the context tokens' key gates in every layer, integrated over ``interval`` of the path by the
+    midpoint rule with ``n_steps`` points (one forward and one backward pass each)."""
     def score(model: nn.Module, tokenizer, encoded: EncodedExample) -> tuple[np.ndarray, int]:
         device = next(model.parameters()).device
         context = torch.zeros(encoded.input_ids.shape, dtype=torch.bool)  # [1, n]
         context[0, encoded.context] = True
         foils = None if encoded.foil is None else torch.tensor([encoded.foil])
         found = knockout_gradients(model, encoded.input_ids.to(device), context, torch.tensor([encoded.n - 1]),
-                                   torch.tensor([encoded.target]), interval=interval, foils=foils)
-        return found.scores[0].double().cpu().numpy(), 2
+                                   torch.tensor([encoded.target]), interval=interval, n_steps=n_steps, foils=foils)
+        return found.scores[0].double().cpu().numpy(), 2 * n_steps
     return score
 
 
@@ -184,6 +184,7 @@ for _name, _aggregation, _rows in (("cw_target", "mean", "explained"), ("cw_targ
     register(PeerMethod(_name, token_contributions("cw_inter", _aggregation, _rows)))
 register(PeerMethod("cw_knockout", knockout((0.0, 1.0))))  # read at t = 1/2
 register(PeerMethod("cw_knockout_early", knockout(KNOCKOUT_INTERVAL)))  # SourceContributions' reading, t = 0.05
+register(PeerMethod("cw_knockout_path", knockout((0.0, 1.0), 4)))  # the whole path: t = 1/8, 3/8, 5/8, 7/8
 register(PeerMethod("random", random_scores))
 register(PeerMethod("answer_copy", answer_copy))
 register(PeerMethod("feature_ablation", feature_ablation))

@@ -2,8 +2,9 @@
 
     python benchmarks/versus.py --model gemma-3-270m --first cw_knockout_early --second attnlrp --table docs/PEERS.md
 
-Reads the runs of ``benchmarks/peers.py`` kept under ``--runs-root`` (the folders :data:`RUNS` names, each holding
-``MODEL/results.jsonl``; one not kept is left out) and compares the two methods on the ground-truth examples both
+Reads the runs of ``benchmarks/peers.py`` kept under ``--runs-root`` (the folders :data:`RUNS` names, the fact
+lookups, or with ``--runs sentiment-contrast`` :data:`CONTRAST_RUNS`, each holding ``MODEL/results.jsonl``; one
+not kept is left out) and compares the two methods on the ground-truth examples both
 were measured on (BoolQ's are left out: no evidence is known there). Per run and kind of evidence (copy task or
 not), and pooled over the runs, each cell gives the mean paired difference, first minus second, signed so that a
 positive difference favours the first (sufficiency, where lower is better, enters negated), and the wins and
@@ -29,10 +30,15 @@ from peers import (  # the benchmarks folder is on the path from here on
     write_section,
 )
 
-__all__ = ["KINDS", "LOWER_IS_BETTER", "MEASURES", "RUNS", "main", "paired", "summary_table"]
+__all__ = ["CONTRAST_RUNS", "GROUPS", "KINDS", "LOWER_IS_BETTER", "MEASURES", "RUNS", "main", "paired",
+           "summary_table"]
 
 RUNS = {"peers": "3-4 sources, seed 0", "peers_heldout": "3-4 sources, seed 1",
         "peers_many": "6-8 sources, seed 0", "peers_many_heldout": "6-8 sources, seed 1"}  # folder: label
+CONTRAST_RUNS = {"peers_sentiment_contrast": "contrast, own format, seed 0",
+                 "peers_sentiment_contrast_heldout": "contrast, own format, seed 1",
+                 "peers_sentiment_contrast_plain": "contrast, plain format, seed 0"}  # the review_sentiment runs
+GROUPS = {"fact-lookups": RUNS, "sentiment-contrast": CONTRAST_RUNS}  # --runs: the folders read
 MEASURES = tuple(name for name in RECORDED if name != "time_ratio")  # every measure a run records but its cost
 LOWER_IS_BETTER = ("suff@1", "suff@3", "suff@5")
 KINDS = {"copy": "copy task", "other": "evidence not the answer string"}
@@ -89,16 +95,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="the model's folder name in each run")
     parser.add_argument("--first", default="cw_knockout_early", help="the method whose wins are counted")
     parser.add_argument("--second", default="attnlrp", help="the method it is compared with")
+    parser.add_argument("--runs", default="fact-lookups", choices=sorted(GROUPS),
+                        help="which kept runs to read: " + "; ".join(f"{name}: {', '.join(folders)}"
+                                                                    for name, folders in GROUPS.items()))
     parser.add_argument("--runs-root", default=str(Path(__file__).resolve().parent / "runs"),
-                        help="the folder holding the runs " + ", ".join(RUNS))
+                        help="the folder holding the runs")
     parser.add_argument("--table", help="a Markdown file whose SECTION:MODEL section to write")
     parser.add_argument("--section", default="versus", help="the section's marker (versus: <!-- versus:MODEL -->)")
     args = parser.parse_args(argv)
+    folders = GROUPS[args.runs]
     runs = {label: read_results(Path(args.runs_root) / folder / args.model / "results.jsonl")
-            for folder, label in RUNS.items()}
+            for folder, label in folders.items()}
     runs = {label: records for label, records in runs.items() if records}
     if not runs:
-        parser.error(f"no kept run of {args.model} under {args.runs_root} (looked in {', '.join(RUNS)})")
+        parser.error(f"no kept run of {args.model} under {args.runs_root} (looked in {', '.join(folders)})")
     if args.first == args.second:
         parser.error(f"--first and --second are both {args.first}: name two methods")
     measured = {record["method"] for records in runs.values() for record in records} - {"answered"}

@@ -18,7 +18,7 @@ never on docs/ itself, and its text must equal the committed page:
   ``benchmarks/runs/task_accuracy/MODEL``; ``<!-- yes-no-binding:MODEL -->`` sections:
   ``benchmarks/yes_no_binding.py`` on ``benchmarks/runs/yes_no_binding/MODEL``; ``<!-- versus:MODEL -->`` (and
   ``versus-ablation``) sections: ``benchmarks/versus.py`` on the four peers runs of MODEL, for the two methods the
-  section names.
+  section names; ``versus-contrast`` and ``versus-contrast-target``: the same on its sentiment contrast runs.
 - docs/PAPER_REPRODUCTION.md: ``benchmarks/paper_reproduction.py`` on ``benchmarks/runs/paper`` (none kept yet:
   every cell says "not run").
 
@@ -56,7 +56,10 @@ SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many"
                 "peers-sentiment-contrast-plain": "peers_sentiment_contrast_plain",
                 "layers": "layer_pointing", "task-accuracy": "task_accuracy",
                 "yes-no-binding": "yes_no_binding", "versus": "peers",
-                "versus-ablation": "peers"}  # kind: runs folder (versus: the first of the four it reads)
+                "versus-ablation": "peers", "versus-contrast": "peers_sentiment_contrast",
+                "versus-contrast-target": "peers_sentiment_contrast"}  # kind: runs folder (versus: the first it reads)
+VERSUS_RUNS = {"versus": "fact-lookups", "versus-ablation": "fact-lookups", "versus-contrast": "sentiment-contrast",
+               "versus-contrast-target": "sentiment-contrast"}  # kind: versus.py --runs
 SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
 PEERS_KINDS = ("peers", "peers-heldout", "peers-many", "peers-many-heldout", "peers-sentiment",
                "peers-sentiment-heldout", "peers-sentiment-plain", "peers-sentiment-contrast",
@@ -168,7 +171,7 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
             run_script(str(REPO / "benchmarks" / "yes_no_binding.py"), ["--report-only", "--model", model, "--out",
                                                                          str(binding), "--table", str(table)], folder)
             continue
-        if kind in ("versus", "versus-ablation"):
+        if kind in VERSUS_RUNS:
             section = text[text.index(f"<!-- {kind}:{model} -->"):text.index(f"<!-- /{kind}:{model} -->")]
             heading = re.search(rf"^### {re.escape(model)}: ([\w.-]+) against ([\w.-]+)$", section, re.MULTILINE)
             assert heading, f"{page.name}: the {kind}:{model} section names no methods"
@@ -181,8 +184,8 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
                     copy_folder(runs / run / model, folder / run / model)
             run_script(str(REPO / "benchmarks" / "versus.py"), ["--model", model, "--first", heading.group(1),
                                                                  "--second", heading.group(2), "--runs-root",
-                                                                 str(folder), "--table", str(table), "--section",
-                                                                 kind], folder)
+                                                                 str(folder), "--runs", VERSUS_RUNS[kind],
+                                                                 "--table", str(table), "--section", kind], folder)
             continue
         peers = folder / "peers" / model  # the layer sections read the main peers run too
         if not peers.exists():

@@ -115,6 +115,22 @@ def test_main_writes_the_section_from_the_kept_runs(tmp_path):
     assert "### m: a against b" in text and "<!-- versus-other:m -->\n### m: b against a" in text
 
 
+def test_runs_names_the_group_of_runs_read(tmp_path, capsys):
+    r"""``--runs sentiment-contrast`` reads the contrast runs and no fact-lookup run; the default reads the reverse."""
+    write_run(tmp_path, "peers", run_records(2, copy=True, comp=0.5, suff=0.0))
+    write_run(tmp_path, "peers_sentiment_contrast_plain", run_records(4, copy=False, comp=-0.5, suff=0.0))
+    versus.main(["--model", "m", "--first", "a", "--second", "b", "--runs-root", str(tmp_path),
+                 "--runs", "sentiment-contrast"])
+    contrast = capsys.readouterr().out
+    plain = row(contrast, versus.CONTRAST_RUNS["peers_sentiment_contrast_plain"], versus.KINDS["other"])
+    assert plain["comp@1"] == "-0.50 (0/4)"  # 0/4: p = 0.125, not bold
+    assert versus.RUNS["peers"] not in contrast
+    versus.main(["--model", "m", "--first", "a", "--second", "b", "--runs-root", str(tmp_path)])
+    facts = capsys.readouterr().out
+    assert row(facts, versus.RUNS["peers"], versus.KINDS["copy"])["n"] == "2"
+    assert versus.CONTRAST_RUNS["peers_sentiment_contrast_plain"] not in facts
+
+
 @pytest.mark.parametrize(("arguments", "message"), [
     (["--model", "other"], "no kept run of other"),
     (["--model", "m", "--first", "a", "--second", "a"], "both a"),

@@ -81,11 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     methods = [name for name in args.methods.split(",") if not unavailable(METHODS[name])]
     for name in set(args.methods.split(",")) - set(methods):
         print(f"{name} skipped: {unavailable(METHODS[name])}", file=sys.stderr)
-    examples, style, _ = answered_examples(args.model)
+    examples, settings, _ = answered_examples(args.model)
     model, tokenizer = load_model(args.model)
     records = []
     for example in tqdm([e for e in examples if e.task == "who_lives_where"], desc=args.model):
-        encoded = encode_example(tokenizer, example, style)
+        encoded = encode_example(tokenizer, example, settings["style"])
         ids = encoded.input_ids[0].tolist()
         rows = [without(encoded, gone) for gone in deletions(encoded).values()]
         full, *deleted = target_logprobs(model, [ids, *rows], encoded.target)

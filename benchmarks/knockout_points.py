@@ -63,17 +63,24 @@ TASKS = {"smollm2-135m": [("who_lives_where:2,country_of_city:3", 35), ("job_of_
 
 
 def answered_examples(model_name: str, runs: Path = RUNS, tasks: list[tuple[str, int]] | None = None) -> tuple[
-        list, str, list[dict]]:
+        list, dict, list[dict]]:
     r"""The examples the model answered in its peers run ``runs/MODEL`` (``tasks``, ``[(spec, n)]``, default
-    ``TASKS``' settings; the run's seed), the run's prompt style, and its records."""
+    ``TASKS``' settings; the run's seed), the run's settings (prompt style, seed, target) and its records. Stops
+    with a reason where the run answered examples that the tasks do not name (other tasks, seed or ``--n``)."""
     folder = runs / model_name
+    if not (folder / "settings.json").exists():
+        raise SystemExit(f"no peers run in {folder}")
     records = read_results(folder / "results.jsonl")
     answered = {r["example"] for r in records if r["method"] == "answered" and r["correct"]}
     settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
-    examples = [e for tasks, n in (tasks or TASKS[model_name]) for e in examples_of(parse_args(
-                ["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)]))
+    examples = [e for spec, n in (tasks or TASKS[model_name]) for e in examples_of(parse_args(
+                ["--tasks", spec, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)]))
                 if e.id in answered]
-    return examples, settings["style"], records
+    missing = answered - {e.id for e in examples} - {r["example"] for r in records if r["task"] == "boolq"}
+    if missing:
+        raise SystemExit(f"{folder} answered examples its tasks do not name ({sorted(missing)[:3]}...): pass the "
+                         "run's own --tasks and --n")
+    return examples, settings, records
 
 
 def gates_gradient(model, encoded, gates: np.ndarray) -> np.ndarray:
@@ -90,7 +97,8 @@ def gates_gradient(model, encoded, gates: np.ndarray) -> np.ndarray:
 
 
 def gate_gradient(model, encoded, point: float) -> np.ndarray:
-    r"""``(n,)`` d log p(answer) / d gate of each context token, every context gate at ``point`` (0 elsewhere)."""
+    r"""``(n,)`` d log p(answer) (with a foil, the log-odds) / d gate of each context token, every context gate at
+    ``point`` (0 elsewhere)."""
     gates = np.ones(encoded.n)
     gates[encoded.context] = point
     scores = np.zeros(encoded.n)
@@ -129,8 +137,9 @@ AttentionInterface.register("knockout_mixture", _mixture_attention)
 
 
 def mixture_gradient(model, encoded, point: float) -> np.ndarray:
-    r"""``(n,)`` d log p(answer) / d t of each context token along the mixture path (every context gate at
-    ``point``): each row's weights move linearly from the model's (1) to the context deleted (0)."""
+    r"""``(n,)`` d log p(answer) (with a foil, the log-odds) / d t of each context token along the mixture path
+    (every context gate at ``point``): each row's weights move linearly from the model's (1) to the context deleted
+    (0)."""
     n = encoded.n
     context = torch.zeros(n, dtype=torch.bool)
     context[encoded.context] = True
@@ -204,20 +213,19 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="the first LIMIT answered examples only (a quick probe)")
     parser.add_argument("--runs", default=str(RUNS), help="the folder of the peers runs (RUNS/MODEL) to read")
     parser.add_argument("--tasks", help="the run's --tasks (with --n), where it is not TASKS' fact lookups")
-    parser.add_argument("--n", type=int, default=40, help="the run's --n, with --tasks")
+    parser.add_argument("--n", type=int, default=40, help="the run's --n (with --tasks; TASKS' own without)")
     parser.add_argument("--compare", default="cw_knockout,attnlrp,feature_ablation,contextcite_32",
                         help="the run's methods whose LDS each point is sign-tested against, example by example")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     points = args.points.split(",")
-    examples, style, records = answered_examples(args.model, Path(args.runs),
-                                                 [(args.tasks, args.n)] if args.tasks else None)
+    examples, settings, records = answered_examples(args.model, Path(args.runs),
+                                                    [(args.tasks, args.n)] if args.tasks else None)
     examples = examples[:args.limit]
-    settings = json.loads((Path(args.runs) / args.model / "settings.json").read_text(encoding="utf-8"))
     model, tokenizer = load_model(args.model, attn_implementation="eager")
     rows = []
     for example in tqdm(examples, desc=args.model):
-        encoded = encode_example(tokenizer, example, style)
+        encoded = encode_example(tokenizer, example, settings["style"])
         if settings.get("target") == "contrast":  # the run's own foil: the log-odds, in every reading and the LDS
             encoded = contrasted(encoded, answered(model, encoded)[0])
         ablations = lds_ablations(model, encoded, 16, lds_seed(example.id))  # the peers run's own ablations

@@ -81,11 +81,11 @@ def main() -> None:
         print(summary_table(json.loads(Path(args.out).read_text(encoding="utf-8")), args.model))
         return
     methods = args.methods.split(",")
-    examples, style, _ = answered_examples(args.model)
+    examples, settings, _ = answered_examples(args.model)
     model, tokenizer = load_model(args.model, attn_implementation="eager")
     rows = []
     for example in tqdm(examples, desc=args.model):
-        encoded = encode_example(tokenizer, example, style)
+        encoded = encode_example(tokenizer, example, settings["style"])
         value = subset_logprobs(model, encoded)
         masks = lds_masks(len(encoded.sources), 16, lds_seed(example.id))  # the peers run's own ablations
         ablations = masks, np.array([value[tuple(mask.tolist())] for mask in masks])

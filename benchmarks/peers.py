@@ -51,7 +51,7 @@ from peer_methods import (  # the benchmarks folder is on the path from here on
 from captum_cw.statistics import mean_interval, wilson_interval
 from captum_cw.tasks.context import ContextExample, context_examples
 
-__all__ = ["answered", "main", "run_example", "sign_test", "summary_table"]
+__all__ = ["answered", "contrasted", "main", "run_example", "sign_test", "summary_table"]
 
 MEASURES = ("pointing", "evidence_mass", "comp@1", "comp@3", "comp@5", "suff@1", "suff@3", "suff@5",
             "source_comp@1", "lds", "time_ratio")

@@ -286,14 +286,19 @@ class SourceContributions:
                         else no_split)
         if foils is None:
             return per_token, token_scores, found.objective[0].cpu(), None
-        return (per_token, token_scores, *self._log_probs(ids, positions, targets, foils))
+        return (per_token, token_scores, *self._read_log_probs(found.output.logits.detach(), positions, targets, foils))
 
     @torch.no_grad()
     def _log_probs(self, ids: Tensor, positions: Tensor, targets: Tensor, foils: Tensor | None) -> tuple[
             Tensor, Tensor | None]:
         r"""``(t,)`` each response token's log-probability, and each foil's where there are foils (one forward
         pass)."""
-        logits = self.model(input_ids=ids).logits  # [1, n + t, vocab]
+        return self._read_log_probs(self.model(input_ids=ids).logits, positions, targets, foils)
+
+    @staticmethod
+    def _read_log_probs(logits: Tensor, positions: Tensor, targets: Tensor, foils: Tensor | None) -> tuple[
+            Tensor, Tensor | None]:
+        r"""From ``(1, n + t, vocab)`` logits: ``(t,)`` each response token's log-probability, and each foil's."""
         return (target_objective(logits, positions, targets)[0].cpu(),
                 None if foils is None else target_objective(logits, positions, foils)[0].cpu())
 

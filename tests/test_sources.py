@@ -82,9 +82,9 @@ def test_a_source_scores_the_sum_of_its_tokens(smollm2):
 
 
 def test_a_foil_explains_the_log_odds(smollm2):
-    r"""Why " Rome" rather than " Paris", in the chat format: the brute force's gradient of the log-odds in one
-    pass, against the explainer's two (the response's scores less the foil's); the source that names Paris works
-    against Rome. The same for the knockout gradients, against one pass with a foil."""
+    r"""Why " Rome" rather than " Paris", in the chat format: the explainer against the brute force's gradient of
+    the log-odds; the source that names Paris works against Rome. The knockout gradients against the library's
+    own path with the foil, over the sources' tokens."""
     model, tokenizer = smollm2
     found = SourceContributions(model, tokenizer).attribute(SOURCES, "Where does Tom live?", " Rome", foil=" Paris")
     prompt = tokenizer(found.prompt, add_special_tokens=False)["input_ids"]
@@ -128,25 +128,31 @@ def test_a_generated_response_is_contrasted_with_a_longer_foil(smollm2):
     assert "it supports the foil" in found.to_html()
 
 
-@pytest.mark.parametrize("method", ["contributions", "knockout"])
-def test_two_one_token_answers_take_one_pass(smollm2, monkeypatch, method):
-    r"""" Rome" against " Paris": one attribution pass with the foil, equal to the response's scores less the
-    foil's, each explained on its own, and each its own log-probability."""
+@pytest.mark.parametrize("options", [{"method": "contributions"}, {"method": "knockout"},
+                                     {"target_rows": "all"}, {"layers": [3, 7]}])
+def test_two_one_token_answers_take_one_pass(smollm2, monkeypatch, options):
+    r"""" Rome" against " Paris": one attribution pass with the foil and no other forward pass, equal to the
+    response's scores less the foil's, each explained on its own, and each its own log-probability."""
     model, tokenizer = smollm2
-    explainer = SourceContributions(model, tokenizer, method=method)
+    explainer = SourceContributions(model, tokenizer, **options)
     response, foil = (explainer.attribute(SOURCES, "Where does Tom live?", text) for text in (" Rome", " Paris"))
     passes = []
     for name in ("knockout_gradients", "target_scores"):
         real = getattr(sources, name)
         monkeypatch.setattr(sources, name, lambda *args, _real=real, **kwargs: passes.append(1) or _real(*args,
                                                                                                         **kwargs))
-    found = explainer.attribute(SOURCES, "Where does Tom live?", " Rome", foil=" Paris")
-    assert len(passes) == 1
+    forwards = []
+    hook = model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        found = explainer.attribute(SOURCES, "Where does Tom live?", " Rome", foil=" Paris")
+    finally:
+        hook.remove()
+    assert len(passes) == 1 and len(forwards) == (2 if options.get("method") == "knockout" else 1)  # + clean log p
     torch.testing.assert_close(found.scores, response.scores - foil.scores, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(found.log_probs, response.log_probs, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(found.foil_log_probs, foil.log_probs, atol=1e-5, rtol=1e-4)
-    assert float(found.scores[0]) < 0  # Anna's sentence names Paris
-    if method == "contributions":
+    assert "layers" in options or float(found.scores[0]) < 0  # Anna's sentence names Paris (every layer read)
+    if options.get("method") != "knockout" and options.get("target_rows") != "all":
         torch.testing.assert_close(found.token_scores, response.token_scores - foil.token_scores, atol=1e-5,
                                    rtol=1e-4)
 

@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_methods.encoding import encode_example
 from peer_methods.measures import explained_value, lds, lds_ablations, lds_seed, source_scores, tied_top_share
 from peer_methods.methods import METHODS
-from peers import answered, contrasted, examples_of, parse_args, read_results, sign_test
+from peers import answered, answered_in, contrasted, read_results, sign_test
 
 from captum_cw.models import load_model
 
@@ -65,22 +65,11 @@ TASKS = {"smollm2-135m": [("who_lives_where:2,country_of_city:3", 35), ("job_of_
 def answered_examples(model_name: str, runs: Path = RUNS, tasks: list[tuple[str, int]] | None = None) -> tuple[
         list, dict, list[dict]]:
     r"""The examples the model answered in its peers run ``runs/MODEL`` (``tasks``, ``[(spec, n)]``, default
-    ``TASKS``' settings; the run's seed), the run's settings (prompt style, seed, target) and its records. Stops
-    with a reason where the run answered examples that the tasks do not name (other tasks, seed or ``--n``)."""
+    ``TASKS``' settings; :func:`peers.answered_in`), the run's settings (prompt style, seed, target) and its
+    records."""
     folder = runs / model_name
-    if not (folder / "settings.json").exists():
-        raise SystemExit(f"no peers run in {folder}")
-    records = read_results(folder / "results.jsonl")
-    answered = {r["example"] for r in records if r["method"] == "answered" and r["correct"]}
-    settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
-    examples = [e for spec, n in (tasks or TASKS[model_name]) for e in examples_of(parse_args(
-                ["--tasks", spec, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)]))
-                if e.id in answered]
-    missing = answered - {e.id for e in examples} - {r["example"] for r in records if r["task"] == "boolq"}
-    if missing:
-        raise SystemExit(f"{folder} answered examples its tasks do not name ({sorted(missing)[:3]}...): pass the "
-                         "run's own --tasks and --n")
-    return examples, settings, records
+    examples, settings = answered_in(folder, tasks or TASKS[model_name])
+    return examples, settings, read_results(folder / "results.jsonl")
 
 
 def gates_gradient(model, encoded, gates: np.ndarray) -> np.ndarray:

@@ -51,7 +51,8 @@ from peer_methods import (  # the benchmarks folder is on the path from here on
 from captum_cw.statistics import mean_interval, wilson_interval
 from captum_cw.tasks.context import ContextExample, context_examples
 
-__all__ = ["answered", "contrasted", "main", "run_example", "sign_test", "summary_table"]
+__all__ = ["answered", "answered_examples", "answered_in", "contrasted", "main", "run_example", "sign_test",
+           "summary_table"]
 
 MEASURES = ("pointing", "evidence_mass", "comp@1", "comp@3", "comp@5", "suff@1", "suff@3", "suff@5",
             "source_comp@1", "lds", "time_ratio")
@@ -248,19 +249,29 @@ def examples_of(args) -> list[ContextExample]:
 
 def answered_examples(folder: Path, tasks: str, n: int) -> tuple[list[ContextExample], str]:
     r"""The examples of ``tasks`` (``--tasks``; the first ``n`` of each, the run's seed) the model answered in the
-    run ``folder``, and the run's prompt style. Refuses a folder without a run, and a run whose answered examples
-    are not all among them (one made with other tasks, distractors or ``--n``, whose ids name other examples)."""
+    run ``folder``, and the run's prompt style (:func:`answered_in` with one group)."""
+    examples, settings = answered_in(folder, [(tasks, n)])
+    return examples, settings["style"]
+
+
+def answered_in(folder: Path, groups: Sequence[tuple[str, int]]) -> tuple[list[ContextExample], dict]:
+    r"""The examples of each ``(tasks, n)`` group (``--tasks`` and ``--n`` of one command of the run, the run's seed)
+    the model answered in the run ``folder``, and the run's settings. Refuses a folder without a run, and a run whose
+    answered examples (BoolQ's aside) are not all among them (one made with other tasks, distractors or ``--n``,
+    whose ids name other examples)."""
     if not (folder / "settings.json").exists():
         raise SystemExit(f"no peers run in {folder}; run benchmarks/peers.py --out {folder} first")
     answered = {r["example"] for r in read_results(folder / "results.jsonl") if r["method"] == "answered"
-                and r["correct"]}
+                and r["correct"] and r.get("task") != "boolq"}
     settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
-    args = parse_args(["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)])
-    examples = [e for e in examples_of(args) if e.id in answered]
+    examples = [e for tasks, n in groups for e in examples_of(parse_args(
+                ["--tasks", tasks, "--n", str(n), "--seed", str(settings["seed"]), "--out", str(folder)]))
+                if e.id in answered]
     if len(examples) != len(answered):
-        raise SystemExit(f"{folder} holds answered examples beyond the first {n} of {tasks}: "
+        named = ", ".join(f"the first {n} of {tasks}" for tasks, n in groups)
+        raise SystemExit(f"{folder} holds answered examples beyond {named}: "
                          f"{sorted(answered - {e.id for e in examples})[:3]}")
-    return examples, settings["style"]
+    return examples, settings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -42,6 +42,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import versus  # benchmarks/ is on the path from the line above: the folders each --runs reads
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 RUNS = REPO / "benchmarks" / "runs"
@@ -60,9 +63,6 @@ SECTION_RUNS = {"peers": "peers", "peers-heldout": "peers_heldout", "peers-many"
                 "versus-contrast-target": "peers_sentiment_contrast"}  # kind: runs folder (versus: the first it reads)
 VERSUS_RUNS = {"versus": "fact-lookups", "versus-ablation": "fact-lookups", "versus-contrast": "sentiment-contrast",
                "versus-contrast-target": "sentiment-contrast"}  # kind: versus.py --runs
-VERSUS_FOLDERS = {"fact-lookups": ("peers", "peers_heldout", "peers_many", "peers_many_heldout"),
-                  "sentiment-contrast": ("peers_sentiment_contrast", "peers_sentiment_contrast_heldout",
-                                         "peers_sentiment_contrast_plain")}  # --runs: the folders versus.py reads
 SECTION = re.compile(rf"^<!-- ({'|'.join(map(re.escape, SECTION_RUNS))}):([\w.-]+) -->$", re.MULTILINE)  # a line
 PEERS_KINDS = ("peers", "peers-heldout", "peers-many", "peers-many-heldout", "peers-sentiment",
                "peers-sentiment-heldout", "peers-sentiment-plain", "peers-sentiment-contrast",
@@ -178,7 +178,7 @@ def regenerate_sections(page: Path, folder: Path, runs: Path = RUNS) -> Path:
             section = text[text.index(f"<!-- {kind}:{model} -->"):text.index(f"<!-- /{kind}:{model} -->")]
             heading = re.search(rf"^### {re.escape(model)}: ([\w.-]+) against ([\w.-]+)$", section, re.MULTILINE)
             assert heading, f"{page.name}: the {kind}:{model} section names no methods"
-            kept = [run for run in VERSUS_FOLDERS[VERSUS_RUNS[kind]] if (runs / run / model).is_dir()]
+            kept = [run for run in versus.GROUPS[VERSUS_RUNS[kind]] if (runs / run / model).is_dir()]
             if not kept:
                 continue  # a partial copy of the runs (test_a_changed_record_changes_the_page): the section stays
             for run in kept:
